@@ -1,0 +1,49 @@
+# turbotrain developer entry points. The README quick start is `make demo` then `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+# apt packages: FFCV's build needs pkg-config, OpenCV and libturbojpeg headers; opencv-python
+# needs libGL/glib at import; Fashion-MNIST from Debian is the real dataset our tests train on.
+APT_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev libgl1 libglib2.0-0 dataset-fashion-mnist
+
+.PHONY: install demo test bench apt-deps clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory apt-deps
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	# torch first, pinned to the release this machine caps at (its wheels are on local disk).
+	$(PIP) install -q "torch==2.14.1" "torchvision==0.29.1" || $(PIP) install -q "torch>=2.4" torchvision
+	# FFCV's setup.py imports numpy and pkg-config at build time: build it against the venv's numpy.
+	$(PIP) install -q numpy cython
+	$(PIP) install -q --no-build-isolation "ffcv==1.0.2" || echo "warning: FFCV did not build; --pipeline ffcv will be unavailable"
+	$(PIP) install -q -e ".[dali,ffcv,dev]"
+	touch $(STAMP)
+
+# Installs FFCV's build deps when we are root on a Debian/Ubuntu machine; otherwise says what to do.
+apt-deps:
+	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+		missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+		if [ -n "$$missing" ]; then \
+			echo "apt-get install $$missing"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+		fi; \
+	else \
+		echo "not root or no apt-get: make sure these are installed: $(APT_PACKAGES)"; \
+	fi
+
+demo: install
+	$(VENV)/bin/turbotrain demo
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

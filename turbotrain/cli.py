@@ -1,0 +1,157 @@
+"""The `turbotrain` command and its short aliases `prepare-dataset` and `train`.
+
+    turbotrain prepare SOURCE OUT      (also: prepare-dataset SOURCE OUT)
+    turbotrain inspect OUT | verify OUT
+    turbotrain train --data OUT ...    (also: train --data OUT ...)
+    turbotrain bench --data OUT ...
+
+Heavy packages (torch, cv2, DALI, FFCV) are imported inside each command, so `--help` and
+`prepare-dataset` start in a fraction of a second.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+
+EXIT_USAGE = 2
+
+
+def _fail(prog: str, message: str) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# -- prepare ------------------------------------------------------------------------------------
+def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="raw dataset: ImageFolder, CIFAR folder/.tar.gz, MNIST idx "
+                                  "folder, .npz, or a CSV/TSV of path,label")
+    p.add_argument("out", help="output folder (dataset.json + one .beton per split)")
+    p.add_argument("--encoding", choices=["auto", "jpeg", "raw"], default="auto",
+                   help="auto: raw pixels for images <= 64 px, JPEG otherwise (default)")
+    p.add_argument("--max-side", type=int, default=512,
+                   help="downsize so the longest side is at most N px; 0 keeps it (default 512)")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality when re-encoding")
+    p.add_argument("--workers", type=int, default=0, help="encoding processes (default: all cores)")
+    p.add_argument("--val-fraction", type=float, default=0.0,
+                   help="carve a class-stratified val split from a one-split source")
+    p.add_argument("--on-error", choices=["fail", "skip"], default="fail",
+                   help="fail (default): stop at the first unreadable image; skip: list it in "
+                        "OUT/skipped.txt")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar (default: when stderr is a terminal)")
+
+
+def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
+    from .datasets.prepare import PrepareError, PrepareOptions, prepare_dataset
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    options = PrepareOptions(encoding=args.encoding, max_side=args.max_side, quality=args.quality,
+                             workers=args.workers, val_fraction=args.val_fraction,
+                             on_error=args.on_error, overwrite=args.overwrite, progress=progress)
+    try:
+        info = prepare_dataset(args.source, args.out, options)
+    except PrepareError as e:
+        return _fail(prog, str(e))
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; {args.out} was left untouched", file=sys.stderr)
+        return 130
+    written = sum(s["num_samples"] for s in info["splits"].values())
+    skipped = sum(s["skipped"] for s in info["splits"].values())
+    size = sum(s["bytes"] for s in info["splits"].values())
+    rate = written / info["seconds"] if info["seconds"] else 0.0
+    splits = ", ".join(f"{k} {v['num_samples']}" for k, v in info["splits"].items())
+    print(f"prepared {args.out}: {written} images ({splits}), {len(info['classes'])} classes, "
+          f"{size / 1e6:.1f} MB, {rate:.0f} images/s, {skipped} skipped"
+          + (f" (see {args.out}/skipped.txt)" if skipped else ""))
+    return 0
+
+
+# -- inspect / verify ---------------------------------------------------------------------------
+def run_inspect(args: argparse.Namespace) -> int:
+    from .datasets.check import describe
+    from .datasets.reader import DatasetError
+    try:
+        print(describe(args.out))
+    except DatasetError as e:
+        return _fail("turbotrain inspect", str(e))
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from .datasets.check import verify
+    from .datasets.reader import DatasetError
+    try:
+        problems = verify(args.out, progress=sys.stderr.isatty())
+    except DatasetError as e:
+        return _fail("turbotrain verify", str(e))
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        return _fail("turbotrain verify", f"{len(problems)} problem(s) in {args.out}")
+    print(f"{args.out}: ok")
+    return 0
+
+
+# -- parser -------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turbotrain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"turbotrain {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("prepare", aliases=["prepare-dataset"],
+                       help="convert a raw image dataset into .beton files")
+    add_prepare_arguments(p)
+    p.set_defaults(run=run_prepare)
+
+    p = sub.add_parser("inspect", help="show what a prepared dataset holds")
+    p.add_argument("out")
+    p.set_defaults(run=run_inspect)
+
+    p = sub.add_parser("verify", help="check every checksum and decode every image")
+    p.add_argument("out")
+    p.set_defaults(run=run_verify)
+
+    _add_optional_commands(sub)
+    return parser
+
+
+def _add_optional_commands(sub) -> None:
+    """Commands whose modules may not exist yet in a partial checkout are added when present."""
+    try:
+        from .train.cli import add_train_arguments, run_train
+    except ImportError:
+        pass
+    else:
+        p = sub.add_parser("train", help="train a model on a prepared dataset")
+        add_train_arguments(p)
+        p.set_defaults(run=run_train)
+    try:
+        from .pipeline.bench import add_bench_arguments, run_bench
+    except ImportError:
+        pass
+    else:
+        p = sub.add_parser("bench", help="images/s of each pipeline on a prepared dataset")
+        add_bench_arguments(p)
+        p.set_defaults(run=run_bench)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+def prepare_dataset_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="prepare-dataset",
+                                     description="Convert a raw image dataset into .beton files.")
+    add_prepare_arguments(parser)
+    return run_prepare(parser.parse_args(argv))
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    return main(["train", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

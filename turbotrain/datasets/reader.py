@@ -1,0 +1,164 @@
+"""Reads one `.beton` split: pure numpy, memory-mapped, random access, validated on open.
+
+Every check happens once, vectorised, when the file is opened, so that `read(i)` can slice the
+memory map without further bounds checks and can never return bytes from outside the sample
+(or crash the process) however the file was damaged.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from . import format as fmt
+
+
+class DatasetError(ValueError):
+    """A prepared dataset (or one of its files) is missing, truncated, corrupt or of another
+    version. The message names the file and the problem on one line."""
+
+
+class BetonFile:
+    """One `.beton` file: `len()`, per-sample metadata arrays and the stored bytes of sample i."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self.file_size = self.path.stat().st_size
+        except OSError as e:
+            raise DatasetError(f"{self.path}: cannot open ({e.strerror or e})") from e
+        if self.file_size < fmt.HEADER_DTYPE.itemsize:
+            raise DatasetError(f"{self.path}: not a dataset (only {self.file_size} bytes)")
+        try:
+            self._map = np.memmap(self.path, dtype="<u1", mode="r")
+        except (OSError, ValueError) as e:
+            raise DatasetError(f"{self.path}: cannot map the file ({e})") from e
+        self._read_header()
+        self._read_fields()
+        self._read_metadata()
+        self._read_allocation_table()
+        self._check_samples()
+
+    # -- validation, in file order ------------------------------------------------------------
+    def _fail(self, problem: str) -> DatasetError:
+        return DatasetError(f"{self.path}: {problem}")
+
+    def _read_header(self) -> None:
+        header = self._map[: fmt.HEADER_DTYPE.itemsize].view(fmt.HEADER_DTYPE)[0]
+        version = int(header["version"])
+        if version != fmt.BETON_VERSION:
+            raise self._fail(f"not a dataset of format version {fmt.BETON_VERSION} "
+                             f"(header says version {version}); re-run prepare-dataset")
+        self.num_fields = int(header["num_fields"])
+        self.page_size = int(header["page_size"])
+        self.num_samples = int(header["num_samples"])
+        self.alloc_table_ptr = int(header["alloc_table_ptr"])
+        if not 1 <= self.num_fields <= 64:
+            raise self._fail(f"corrupt header: {self.num_fields} fields")
+        if self.page_size < 4096 or self.page_size & (self.page_size - 1):
+            raise self._fail(f"corrupt header: page size {self.page_size} is not a power of two")
+
+    def _read_fields(self) -> None:
+        start = fmt.HEADER_DTYPE.itemsize
+        end = fmt.metadata_offset(self.num_fields)
+        if end > self.file_size:
+            raise self._fail("truncated: the field descriptors are cut off")
+        descs = self._map[start:end].view(fmt.FIELD_DESC_DTYPE)
+        self.field_types = [int(t) for t in descs["type_id"]]
+        self.field_names = [fmt.decode_field_name(n) for n in descs["name"]]
+        unknown = [t for t in self.field_types if t not in fmt.FIELD_METADATA_DTYPES]
+        if unknown:
+            raise self._fail(f"unsupported field type id(s) {unknown}")
+        self.image_field = self._pick_field(fmt.TYPE_RGB_IMAGE, fmt.IMAGE_FIELD, "image")
+        self.label_field = self._pick_field(fmt.TYPE_INT, fmt.LABEL_FIELD, "integer label")
+        self.metadata_dtype = fmt.metadata_dtype(self.field_types)
+
+    def _pick_field(self, type_id: int, preferred: str, what: str) -> str:
+        """Our files name the fields; files from other FFCV writers may not, so fall back to the
+        first field of the right type."""
+        candidates = [f"f{i}" for i, t in enumerate(self.field_types) if t == type_id]
+        if not candidates:
+            raise self._fail(f"has no {what} field (fields: {self.field_names})")
+        for i, name in enumerate(self.field_names):
+            if name == preferred and self.field_types[i] == type_id:
+                return f"f{i}"
+        return candidates[0]
+
+    def _read_metadata(self) -> None:
+        start = fmt.metadata_offset(self.num_fields)
+        self.metadata_end = start + self.num_samples * self.metadata_dtype.itemsize
+        if self.metadata_end > self.file_size:
+            raise self._fail(f"truncated: {self.num_samples} samples need "
+                             f"{self.metadata_end} bytes of metadata, the file has {self.file_size}")
+        self.metadata = self._map[start:self.metadata_end].view(self.metadata_dtype)
+        image = self.metadata[self.image_field]
+        self.modes = np.asarray(image["mode"])
+        self.heights = np.asarray(image["height"])
+        self.widths = np.asarray(image["width"])
+        self.data_ptrs = np.asarray(image["data_ptr"]).astype(np.int64, copy=False)
+        self.labels = np.asarray(self.metadata[self.label_field]).astype(np.int64)
+
+    def _read_allocation_table(self) -> None:
+        ptr, entry = self.alloc_table_ptr, fmt.ALLOC_DTYPE.itemsize
+        if not self.metadata_end <= ptr <= self.file_size:
+            raise self._fail("truncated or corrupt: the allocation table pointer is outside the file")
+        if (self.file_size - ptr) % entry:
+            raise self._fail("truncated or corrupt: the allocation table is cut off")
+        table = self._map[ptr:].view(fmt.ALLOC_DTYPE)
+        ptrs = table["ptr"].astype(np.int64)
+        sizes = table["size"].astype(np.int64)
+        bad = (table["ptr"] < self.metadata_end) | (table["size"] > ptr) \
+            | (table["ptr"] > ptr - table["size"])
+        if bad.any():
+            raise self._fail("corrupt allocation table: an entry points outside the data pages")
+        order = np.argsort(ptrs, kind="stable")
+        self._alloc_ptrs, self._alloc_sizes = ptrs[order], sizes[order]
+
+    def _check_samples(self) -> None:
+        n = self.num_samples
+        if n == 0:
+            self.sizes = np.zeros(0, dtype=np.int64)
+            return
+        if not np.isin(self.modes, (fmt.MODE_JPEG, fmt.MODE_RAW)).all():
+            raise self._fail("corrupt metadata: unknown image storage mode")
+        if (self.heights == 0).any() or (self.widths == 0).any():
+            raise self._fail("corrupt metadata: an image has zero width or height")
+        if self._alloc_ptrs.size == 0:
+            raise self._fail("corrupt allocation table: it is empty")
+        slot = np.searchsorted(self._alloc_ptrs, self.data_ptrs)
+        slot_ok = slot < self._alloc_ptrs.size
+        slot = np.minimum(slot, self._alloc_ptrs.size - 1)
+        if not (slot_ok & (self._alloc_ptrs[slot] == self.data_ptrs)).all():
+            first = int(np.flatnonzero(~(slot_ok & (self._alloc_ptrs[slot] == self.data_ptrs)))[0])
+            raise self._fail(f"corrupt metadata: sample {first} points at no allocation")
+        self.sizes = self._alloc_sizes[slot]
+        raw = self.modes == fmt.MODE_RAW
+        expected = self.heights.astype(np.int64) * self.widths.astype(np.int64) * 3
+        if (self.sizes[raw] != expected[raw]).any():
+            first = int(np.flatnonzero(raw & (self.sizes != expected))[0])
+            raise self._fail(f"corrupt metadata: raw sample {first} has {self.sizes[first]} bytes, "
+                             f"expected {expected[first]}")
+
+    # -- access -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def payload(self, i: int) -> np.ndarray:
+        """The stored bytes of sample i (a read-only view of the memory map, no copy)."""
+        i = self._index(i)
+        start = int(self.data_ptrs[i])
+        return self._map[start:start + int(self.sizes[i])]
+
+    def raw_image(self, i: int) -> np.ndarray:
+        """Sample i stored raw, as an HWC uint8 view (no copy)."""
+        i = self._index(i)
+        if self.modes[i] != fmt.MODE_RAW:
+            raise ValueError(f"sample {i} of {self.path} is stored as JPEG, not raw")
+        return self.payload(i).reshape(int(self.heights[i]), int(self.widths[i]), 3)
+
+    def _index(self, i: int) -> int:
+        i = int(i)
+        if not -self.num_samples <= i < self.num_samples:
+            raise IndexError(f"sample {i} out of range for {self.path} ({self.num_samples} samples)")
+        return i % self.num_samples

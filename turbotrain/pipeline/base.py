@@ -1,0 +1,90 @@
+"""The one batch contract every pipeline honours; the trainer never knows which pipeline runs.
+
+A pipeline turns one prepared split into batches for one rank:
+
+* iterating yields ``(images, labels)``: ``images`` is a uint8 tensor of logical shape
+  ``(B, 3, S, S)`` in ``torch.channels_last`` memory format (its bytes are NHWC, so the view is
+  zero-copy) on the target device; ``labels`` is int64 ``(B,)`` on the same device. Pixels stay
+  uint8 until the model's input stem normalises them on the device: shipping uint8 moves 4x fewer
+  bytes over the bus than float32.
+* ``len(pipeline)`` is the number of batches this rank yields per epoch.
+* ``set_epoch(e)`` selects the epoch (order and augmentation depend on (seed, epoch)).
+* ``state_dict()`` / ``load_state_dict()`` save and restore the position inside an epoch, so a
+  resumed run sees exactly the batches it would have seen.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+
+class PipelineError(RuntimeError):
+    """A pipeline cannot be built or failed while running; the message is one line for the user."""
+
+
+class PipelineUnavailable(PipelineError):
+    """This pipeline cannot run here (missing package, no GPU, data too big for the budget).
+
+    `auto` catches it and falls back to the next choice.
+    """
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """What every pipeline is built with (`build_pipeline` takes these as keywords)."""
+    train: bool
+    batch_size: int
+    image_size: int
+    device: torch.device
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+    workers: int | None = None  # None: from the thread budget
+    drop_last: bool | None = None  # None: True when training, False for eval
+    crop_ratio: float = 0.875  # eval centre crop = image_size / crop_ratio resized, then cropped
+
+    @property
+    def drops_last(self) -> bool:
+        return self.train if self.drop_last is None else self.drop_last
+
+
+class Pipeline(abc.ABC):
+    """Base class of every registered pipeline (see the module docstring for the contract)."""
+
+    name: str = ""
+
+    def __init__(self, dataset, options: PipelineOptions):
+        self.dataset = dataset
+        self.options = options
+        self.epoch = 0
+        self.batch_index = 0  # next batch to yield within the epoch
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @abc.abstractmethod
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.batch_index = 0
+        self.epoch = epoch
+
+    def state_dict(self) -> dict:
+        return {"pipeline": self.name, "epoch": self.epoch, "batch_index": self.batch_index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self.batch_index = int(state["batch_index"])
+
+    def close(self) -> None:
+        """Release workers/threads/device memory; safe to call twice."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
