@@ -11,11 +11,16 @@ Heavy packages (torch, cv2, DALI, FFCV) are imported inside each command, so `--
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from . import __version__
 
 EXIT_USAGE = 2
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _fail(prog: str, message: str) -> int:
@@ -46,6 +51,7 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
     from .datasets.prepare import PrepareError, PrepareOptions, prepare_dataset
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # clean up on `kill` too
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     options = PrepareOptions(encoding=args.encoding, max_side=args.max_side, quality=args.quality,
                              workers=args.workers, val_fraction=args.val_fraction,

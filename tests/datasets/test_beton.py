@@ -99,8 +99,9 @@ def test_ffcv_loader_reads_our_file(mixed_file):
     for i in range(len(same)):
         if i % 2:
             np.testing.assert_array_equal(got[i], same[i])
-        # FFCV (libturbojpeg) and we (simplejpeg, also libjpeg-turbo) decode identically
-        np.testing.assert_array_equal(got[i], ours.image(i))
+        # FFCV decodes with libturbojpeg's fast DCT/upsampling flags, we with simplejpeg's
+        # accurate ones: the same pixels within a few levels.
+        assert np.abs(got[i].astype(int) - ours.image(i)).mean() < 3
 
 
 @pytest.mark.timeout(240)

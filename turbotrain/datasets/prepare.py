@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -65,8 +66,16 @@ _WORKER_SPLIT = None
 _WORKER_OPTIONS: PrepareOptions | None = None
 
 
-def _init_worker(split_source, options: PrepareOptions) -> None:
+def _init_worker(split_source, options: PrepareOptions, in_pool: bool = False) -> None:
     global _WORKER_SPLIT, _WORKER_OPTIONS
+    if in_pool:
+        # Ctrl-C reaches the whole process group: only the parent handles it (cleanly), and
+        # the parent's SIGTERM handler must not turn the pool's own shutdown into tracebacks.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # One OpenCV thread per worker: the pool already uses every core.
+        import cv2
+        cv2.setNumThreads(1)
     _WORKER_SPLIT, _WORKER_OPTIONS = split_source, options
 
 
@@ -107,7 +116,7 @@ def _encoded_chunks(split_source, options: PrepareOptions, workers: int):
     # fork: workers inherit the (possibly large, array-backed) source without pickling it.
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(split_source, options)) as pool:
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(split_source, options, True)) as pool:
         pending = []
         next_chunk = 0
         while next_chunk < len(chunks) or pending:
@@ -202,8 +211,9 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
         raise PrepareError(f"--encoding must be auto, jpeg or raw, not {options.encoding!r}")
     if not 1 <= options.quality <= 100:
         raise PrepareError(f"--quality must be in 1..100, not {options.quality}")
-    if options.max_side < 0:
-        raise PrepareError(f"--max-side must be >= 0 (0 keeps the size), not {options.max_side}")
+    if not 0 <= options.max_side <= fmt.MAX_IMAGE_SIDE:
+        raise PrepareError(f"--max-side must be in 0..{fmt.MAX_IMAGE_SIDE} (0 keeps the size), "
+                           f"not {options.max_side}")
     try:
         source = detect_source(source_path)
         if options.val_fraction:

@@ -98,6 +98,8 @@ def write_shapes_imagefolder(root: str | Path, *, train_per_class: int, val_per_
     jobs = []
     for split, per_class, offset in (("train", train_per_class, 0),
                                      ("val", val_per_class, 10_000_000)):
+        if per_class == 0:
+            continue  # an empty class folder is an error for prepare-dataset
         for label, name in enumerate(CLASSES):
             folder = root / split / name
             folder.mkdir(parents=True, exist_ok=True)

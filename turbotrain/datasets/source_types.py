@@ -1,0 +1,137 @@
+"""What a SOURCE path is read into: a `Source` of named `SplitSource`s, each a list of samples.
+
+Two kinds of split: `FileSplit` (one image file per sample: ImageFolder, CSV lists) and
+`ArraySplit` (pixels already in memory: CIFAR, MNIST idx, .npz). Both are plain data, no open
+handles, so prepare-dataset can hand them to worker processes by fork or pickle. Array sources
+are small (CIFAR-10: 180 MB, MNIST: 55 MB) and are loaded once, up front.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# Bytes hashed at each end of a single-file source (an archive, an idx or npz file): enough to
+# see a different file, without reading 160 MB of CIFAR every time.
+FINGERPRINT_EDGE_BYTES = 1 << 20
+
+
+class SourceError(ValueError):
+    """A SOURCE that cannot be read; str(e) is one line naming the path and what to do."""
+
+
+class SplitSource(ABC):
+    """One split's samples, in a fixed order: labels[i] is the class index of sample i."""
+
+    labels: np.ndarray  # int64 (N,)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @abstractmethod
+    def name(self, i: int) -> str:
+        """Where sample i comes from, for error messages: a path or 'data_batch_1[123]'."""
+
+    @abstractmethod
+    def load(self, i: int) -> bytes | np.ndarray:
+        """Sample i's image: the file's bytes, or a uint8 (H, W[, C]) array."""
+
+    @abstractmethod
+    def subset(self, indices: np.ndarray) -> SplitSource:
+        """The samples at `indices`, in that order (used to carve a val split)."""
+
+
+@dataclass(eq=False)
+class FileSplit(SplitSource):
+    """Image files under `root`; relpaths[i] may also be absolute (CSV lists)."""
+    root: str
+    relpaths: list[str]
+    labels: np.ndarray
+
+    def name(self, i: int) -> str:
+        return os.path.join(self.root, self.relpaths[i])
+
+    def load(self, i: int) -> bytes:
+        with open(self.name(i), "rb") as f:
+            return f.read()
+
+    def subset(self, indices: np.ndarray) -> FileSplit:
+        return FileSplit(self.root, [self.relpaths[i] for i in indices], self.labels[indices])
+
+    def __repr__(self) -> str:
+        return f"FileSplit({len(self)} files under {self.root})"
+
+
+@dataclass(eq=False)
+class ArraySplit(SplitSource):
+    """Images stacked in one uint8 array (N, H, W[, C]).
+
+    Sample i came from part part_of[i] (a file such as 'data_batch_1'), at index_in_part[i].
+    """
+    images: np.ndarray
+    labels: np.ndarray
+    part_names: tuple[str, ...]
+    part_of: np.ndarray
+    index_in_part: np.ndarray
+
+    @classmethod
+    def from_parts(cls, parts: list[tuple[str, np.ndarray, np.ndarray]]) -> ArraySplit:
+        """parts: (name, images, labels) per source file, concatenated in the given order."""
+        images = parts[0][1] if len(parts) == 1 else np.concatenate([p[1] for p in parts])
+        labels = np.concatenate([np.asarray(p[2], dtype=np.int64) for p in parts])
+        part_of = np.concatenate([np.full(len(p[2]), k, np.int32) for k, p in enumerate(parts)])
+        index_in_part = np.concatenate([np.arange(len(p[2]), dtype=np.int64) for p in parts])
+        return cls(images, labels, tuple(p[0] for p in parts), part_of, index_in_part)
+
+    def name(self, i: int) -> str:
+        return f"{self.part_names[self.part_of[i]]}[{self.index_in_part[i]}]"
+
+    def load(self, i: int) -> np.ndarray:
+        return self.images[i]
+
+    def subset(self, indices: np.ndarray) -> ArraySplit:
+        return ArraySplit(self.images[indices], self.labels[indices], self.part_names,
+                          self.part_of[indices], self.index_in_part[indices])
+
+    def __repr__(self) -> str:
+        return f"ArraySplit({len(self)} images of {self.images.shape[1:]} from {self.part_names})"
+
+
+@dataclass(eq=False)
+class Source:
+    """A detected SOURCE: its kind, classes and splits ('train' and/or 'val')."""
+    kind: str                     # imagefolder, cifar10, cifar100, idx, npz, csv
+    path: Path
+    classes: list[str]
+    splits: dict[str, SplitSource]
+    # Files read whole (archives, idx, npz, the CSV list itself): fingerprinted by size, mtime
+    # and their first and last MiB. Image files of FileSplits: by size and mtime only.
+    content_files: tuple[Path, ...] = field(default=())
+
+    def fingerprint(self) -> str:
+        """sha256 hex of what the samples are read from; changes when a file is added, removed,
+        resized or touched. Cheap: stats, not reads (ImageNet's 1.33M files: one stat each).
+        Carving a val split does not change it: the files are the same."""
+        digest = hashlib.sha256(f"{self.kind}\n".encode())
+        for path in self.content_files:
+            stat = path.stat()
+            digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+            with open(path, "rb") as f:
+                digest.update(f.read(FINGERPRINT_EDGE_BYTES))
+                if stat.st_size > FINGERPRINT_EDGE_BYTES:
+                    f.seek(max(FINGERPRINT_EDGE_BYTES, stat.st_size - FINGERPRINT_EDGE_BYTES))
+                    digest.update(f.read())
+        listed = sorted({(split.root, rel) for split in self.splits.values()
+                         if isinstance(split, FileSplit) for rel in split.relpaths})
+        for root, rel in listed:
+            stat = os.stat(os.path.join(root, rel))
+            digest.update(f"{rel}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        return digest.hexdigest()
+
+    def __repr__(self) -> str:
+        splits = ", ".join(f"{name}: {len(split)}" for name, split in self.splits.items())
+        return f"Source({self.kind} at {self.path}, {len(self.classes)} classes, {splits})"
