@@ -1,0 +1,330 @@
+"""Input pipelines side by side: ours (`pytorch`, `resident`) against FFCV, DALI and torchvision.
+
+    .venv/bin/python bench/bench_pipelines.py [--images 3000] [--batches 100] [--rounds 2]
+
+Data (generated once, cached under bench/.cache/, shared with bench_prepare.py):
+
+* photos: `--images` photo-like 500x375 q90 JPEGs (~60 KB) as an ImageFolder, prepared with
+  `prepare-dataset`'s default options (JPEG pass-through);
+* cifar: 50,000 CIFAR-sized (32x32) images from the same generator, prepared from a .npz with
+  the default options (stored raw).
+
+Every contender runs in its own fresh process (FFCV and DALI keep threads and compiled state),
+on both cores, with the same batch size, and is timed the same way: `--warmup` untimed batches,
+then `--batches` timed ones, across epoch boundaries. Photos: RandomResizedCrop 224 + flip,
+uint8 out, batch 64. CIFAR: pad-and-crop (FFCV: RandomTranslate) + flip, batch 512. All
+contenders run `--rounds` times, interleaved, and the best round counts (the machine is shared;
+the load average at each run is recorded). Writes bench/results/pipelines.json and prints
+the table with the ratios the issue asks for.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+CACHE = ROOT / ".cache"
+RESULTS = ROOT / "results" / "pipelines.json"
+sys.path.insert(0, str(ROOT.parent))
+
+CIFAR_IMAGES = 50_000
+WORKERS = 2  # both cores of the build machine; every contender gets the same
+
+# name -> (dataset, what it is). Goals below refer to these names.
+CONTENDERS = {
+    "pytorch": ("photos", "turbotrain pytorch pipeline (threads)"),
+    "pytorch_processes": ("photos", "turbotrain pytorch pipeline, DataLoader worker processes"),
+    "ffcv": ("photos", "FFCV Loader: RandomResizedCropRGBImageDecoder + flip, os_cache"),
+    "dali_cpu": ("photos", "DALI CPU: external_source + image_random_crop + resize + flip"),
+    "torchvision": ("photo_folder", "torchvision ImageFolder + PIL, DataLoader 2 workers"),
+    "bare_decode": ("photos", "simplejpeg full decode of the stored bytes, 2 threads"),
+    "resident_cifar": ("cifar", "turbotrain resident pipeline, raw 32x32, pad-crop + flip"),
+    "ffcv_cifar": ("cifar", "FFCV Loader: SimpleRGBImageDecoder + flip + RandomTranslate"),
+    "pytorch_cifar": ("cifar", "turbotrain pytorch pipeline on the raw 32x32 split"),
+}
+GOALS = [  # (ours, theirs, minimum ratio)
+    ("pytorch", "ffcv", 1.2),
+    ("pytorch", "dali_cpu", 1.5),
+    ("pytorch", "bare_decode", 0.8),
+    ("pytorch", "torchvision", 2.0),
+    ("resident_cifar", "ffcv_cifar", 3.0),
+]
+
+
+# -- data -----------------------------------------------------------------------------------------
+def photo_folder(images: int) -> Path:
+    from turbotrain.datasets.synthetic import write_shapes_imagefolder
+    per_class = images // 10
+    root = CACHE / f"photos-{per_class}"  # the same folder bench_prepare.py uses
+    write_shapes_imagefolder(root, train_per_class=per_class, val_per_class=0,
+                             size=(500, 375), quality=90)
+    return root
+
+
+def cifar_npz() -> Path:
+    import numpy as np
+    from turbotrain.datasets.synthetic import shape_image
+    path = CACHE / f"cifar-like-{CIFAR_IMAGES}.npz"
+    if not path.exists():
+        labels = np.arange(CIFAR_IMAGES) % 10
+        images = np.stack([shape_image(1, i, int(labels[i]), size=(32, 32))
+                           for i in range(CIFAR_IMAGES)])
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, images=images, labels=labels)
+        tmp.rename(path)
+    return path
+
+
+def prepared(source: Path, name: str) -> Path:
+    """`prepare-dataset SOURCE OUT` with the default options (once); returns OUT."""
+    from turbotrain.datasets.prepare import PrepareOptions, prepare_dataset
+    out = CACHE / f"{name}-prepared"
+    if not (out / "dataset.json").exists():
+        prepare_dataset(source, out, PrepareOptions(progress=False))
+    return out
+
+
+# -- one contender, in a child process -----------------------------------------------------------
+def _cpu_seconds() -> float | None:
+    """CPU time of this process and all its descendants (worker processes), or None."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    total = 0.0
+    me = psutil.Process()
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # a worker that just exited
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _timed(epochs, warmup: int, batches: int) -> dict:
+    """Images/s (and images per CPU-second, which a busy neighbour disturbs less) of
+    `batches` batches after `warmup`; `epochs(e)` iterates epoch e's batches."""
+    def endless():
+        epoch = 0
+        while True:
+            yield from epochs(epoch)
+            epoch += 1
+    stream = endless()
+    for _ in range(warmup):
+        next(stream)
+    cpu = _cpu_seconds()
+    started = time.perf_counter()
+    images = sum(len(next(stream)[0]) for _ in range(batches))
+    wall = time.perf_counter() - started
+    result = {"images_per_second": images / wall}
+    if cpu is not None:
+        result["images_per_cpu_second"] = images / (_cpu_seconds() - cpu)
+    return result
+
+
+def _ours(name: str, data: str, args) -> dict:
+    import torch
+    from turbotrain.datasets import open_dataset
+    from turbotrain.pipeline import PipelineOptions, build_pipeline
+    from turbotrain.pipeline.bench import bare_decode_rate
+    from turbotrain.pipeline.pytorch import PyTorchPipeline
+    dataset = open_dataset(data, "train")
+    if name == "bare_decode":
+        bare_decode_rate(dataset, samples=len(dataset), threads=WORKERS, rounds=1)  # warm-up
+        cpu = _cpu_seconds()
+        rate = bare_decode_rate(dataset, samples=len(dataset), threads=WORKERS, rounds=1)
+        result = {"images_per_second": rate}
+        if cpu is not None:
+            result["images_per_cpu_second"] = len(dataset) / (_cpu_seconds() - cpu)
+        return result
+    options = dict(train=True, batch_size=args.batch_size, image_size=args.image_size,
+                   device=torch.device("cpu"), seed=0, workers=WORKERS)
+    if name == "pytorch_processes":
+        pipeline = PyTorchPipeline(dataset, PipelineOptions(**options), mode="processes")
+    else:
+        pipeline = build_pipeline(name.split("_")[0], dataset, **options)
+
+    def epochs(epoch):
+        pipeline.set_epoch(epoch)
+        return iter(pipeline)
+    try:
+        return _timed(epochs, args.warmup, args.batches)
+    finally:
+        pipeline.close()
+
+
+def _ffcv(name: str, data: str, args) -> dict:
+    from ffcv.fields.decoders import (IntDecoder, RandomResizedCropRGBImageDecoder,
+                                      SimpleRGBImageDecoder)
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, ToTensor, ToTorchImage
+    if name == "ffcv_cifar":
+        image = [SimpleRGBImageDecoder(), RandomHorizontalFlip(), RandomTranslate(padding=4),
+                 ToTensor(), ToTorchImage()]
+    else:
+        size = (args.image_size, args.image_size)
+        image = [RandomResizedCropRGBImageDecoder(size), RandomHorizontalFlip(), ToTensor(),
+                 ToTorchImage()]
+    # No NormalizeImage: on CPU it hangs (FFCV issues #350/#396); our contract ships uint8 anyway.
+    loader = Loader(str(Path(data) / "train.beton"), batch_size=args.batch_size,
+                    num_workers=WORKERS, order=OrderOption.RANDOM, os_cache=True, drop_last=True,
+                    pipelines={"image": image, "label": [IntDecoder(), ToTensor()]})
+    return _timed(lambda epoch: iter(loader), args.warmup, args.batches)
+
+
+def _dali(name: str, data: str, args) -> dict:
+    """DALI's CPU pipeline fed the stored JPEG bytes of the same file, in our sample order."""
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def, types
+    from turbotrain.datasets import open_dataset
+    from turbotrain.pipeline.order import SampleOrder
+    dataset = open_dataset(data, "train")
+    order = SampleOrder(len(dataset), batch_size=args.batch_size, seed=0)
+    per_epoch = len(order)
+
+    def source(iteration: int):  # batch mode: a list of 1-D uint8 arrays
+        indices = order.batches(iteration // per_epoch)[iteration % per_epoch]
+        return [np.asarray(dataset.beton.payload(i)) for i in indices]
+
+    @pipeline_def(batch_size=args.batch_size, num_threads=WORKERS, device_id=None)
+    def graph():
+        jpegs = fn.external_source(source=source, batch=True, dtype=types.UINT8)
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                               random_area=[0.08, 1.0],
+                                               random_aspect_ratio=[3 / 4, 4 / 3])
+        images = fn.resize(images, resize_x=args.image_size, resize_y=args.image_size)
+        return fn.flip(images, horizontal=fn.random.coin_flip())
+    pipe = graph()
+    pipe.build()
+
+    def epochs(epoch):
+        for _ in range(per_epoch):
+            out, = pipe.run()
+            yield (np.asarray(out.as_tensor()),)
+    return _timed(epochs, args.warmup, args.batches)
+
+
+def _torchvision(name: str, data: str, args) -> dict:
+    import torch
+    from torchvision import datasets, transforms
+    transform = transforms.Compose([transforms.RandomResizedCrop(args.image_size),
+                                    transforms.RandomHorizontalFlip(), transforms.PILToTensor()])
+    folder = datasets.ImageFolder(str(Path(data) / "train"), transform=transform)
+    loader = torch.utils.data.DataLoader(folder, batch_size=args.batch_size, shuffle=True,
+                                         num_workers=WORKERS, drop_last=True,
+                                         persistent_workers=True)
+    return _timed(lambda epoch: iter(loader), args.warmup, args.batches)
+
+
+RUNNERS = {"pytorch": _ours, "pytorch_processes": _ours, "bare_decode": _ours,
+           "resident_cifar": _ours, "pytorch_cifar": _ours, "ffcv": _ffcv, "ffcv_cifar": _ffcv,
+           "dali_cpu": _dali, "torchvision": _torchvision}
+
+
+def child(args) -> int:
+    import torch
+    torch.set_num_threads(1)  # parallelism comes from each loader's own workers/threads
+    print(json.dumps(RUNNERS[args.child](args.child, args.data, args)))
+    return 0
+
+
+# -- the parent: data, rounds, table ----------------------------------------------------------------
+def run_one(name: str, data: Path, args, batch_size: int, image_size: int) -> dict:
+    command = [sys.executable, __file__, "--child", name, "--data", str(data),
+               "--batch-size", str(batch_size), "--image-size", str(image_size),
+               "--batches", str(args.batches), "--warmup", str(args.warmup)]
+    load = os.getloadavg()[0]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout} s", "load": load}
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {done.returncode}: {tail}", "load": load}
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["load"] = load
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=3000, help="photo-like JPEGs (default 3000)")
+    parser.add_argument("--batches", type=int, default=100, help="timed batches per run")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed batches per run")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved repeats; best counts")
+    parser.add_argument("--only", nargs="+", choices=sorted(CONTENDERS), default=None)
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per run")
+    parser.add_argument("--child", choices=sorted(CONTENDERS), help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser.add_argument("--batch-size", type=int, default=64, help=argparse.SUPPRESS)
+    parser.add_argument("--image-size", type=int, default=224, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    folder = photo_folder(args.images)
+    data = {"photo_folder": folder, "photos": prepared(folder / "train", folder.name),
+            "cifar": prepared(cifar_npz(), "cifar-like")}
+    names = args.only or list(CONTENDERS)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for round_ in range(args.rounds):
+        for name in names:
+            kind = CONTENDERS[name][0]
+            batch, size = (512, 32) if kind == "cifar" else (64, 224)
+            result = run_one(name, data[kind], args, batch, size)
+            runs[name].append(result)
+            rate = result.get("images_per_second")
+            print(f"round {round_ + 1} {name:<18} "
+                  + (f"{rate:>10,.0f} img/s" if rate else result["error"])
+                  + f"  (load {result['load']:.2f})", flush=True)
+
+    def best(name: str, metric: str) -> float | None:
+        return max((r[metric] for r in runs[name] if metric in r), default=None)
+    goals = []
+    for ours, theirs, minimum in GOALS:
+        if ours in runs and theirs in runs and best(ours, "images_per_second") \
+                and best(theirs, "images_per_second"):
+            goal = {"ours": ours, "theirs": theirs, "goal": minimum}
+            for metric in ("images_per_second", "images_per_cpu_second"):
+                if best(ours, metric) and best(theirs, metric):
+                    goal[f"ratio_{metric}"] = best(ours, metric) / best(theirs, metric)
+            goal["met"] = goal["ratio_images_per_second"] >= minimum
+            goals.append(goal)
+    report = {
+        "command": " ".join([".venv/bin/python", "bench/bench_pipelines.py", *sys.argv[1:]]),
+        "cores": len(os.sched_getaffinity(0)), "workers": WORKERS,
+        "photos": {"images": args.images, "size": "500x375 q90", "batch_size": 64,
+                   "image_size": 224},
+        "cifar": {"images": CIFAR_IMAGES, "size": "32x32 raw", "batch_size": 512},
+        "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds,
+        "results": {name: {"images_per_second": best(name, "images_per_second"),
+                           "images_per_cpu_second": best(name, "images_per_cpu_second"),
+                           "what": CONTENDERS[name][1], "runs": runs[name]} for name in names},
+        "goals": goals,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+
+    print(f"\n{'contender':<18} {'images/s':>10} {'img/CPU-s':>10}  what (best of {args.rounds})")
+    for name in names:
+        rate, per_cpu = best(name, "images_per_second"), best(name, "images_per_cpu_second")
+        print(f"{name:<18} {rate:>10,.0f} {per_cpu or 0:>10,.0f}  {CONTENDERS[name][1]}"
+              if rate else f"{name:<18} {'-':>10}  {runs[name][-1].get('error')}")
+    print(f"\n{'goal':<30} {'wall':>6} {'CPU':>6} {'needed':>7}")
+    for g in goals:
+        print(f"{g['ours'] + ' / ' + g['theirs']:<30} {g['ratio_images_per_second']:>6.2f} "
+              f"{g.get('ratio_images_per_cpu_second', float('nan')):>6.2f} {g['goal']:>6.1f}x "
+              f"{'met' if g['met'] else 'NOT MET'}")
+    print(f"\nwrote {RESULTS.relative_to(ROOT.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The common body of pipelines that control their sample order (all of ours).
+
+`OrderedPipeline` owns the `order.SampleOrder`, `__len__`, and the position bookkeeping behind
+`state_dict()`: the batch counter advances as each batch is handed to the caller, so a state
+saved while batch k is being used resumes at batch k + 1. Subclasses only turn a list of index
+batches into device batches (`_produce`).
+"""
+from __future__ import annotations
+
+import abc
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from .base import Pipeline, PipelineOptions
+from .order import SampleOrder
+
+
+class OrderedPipeline(Pipeline):
+    """A Pipeline fed by `SampleOrder.from_options(len(dataset), options)`."""
+
+    def __init__(self, dataset, options: PipelineOptions):
+        super().__init__(dataset, options)
+        if options.batch_size < 1 or options.image_size < 1:
+            raise ValueError(f"batch_size and image_size must be >= 1 "
+                             f"(got {options.batch_size}, {options.image_size})")
+        self.order = SampleOrder.from_options(len(dataset), options)
+        self.device = torch.device(options.device)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch = self.epoch
+        batches = self.order.batches(epoch)[self.batch_index:]
+        for images, labels in self._produce(epoch, batches):
+            self.batch_index += 1
+            yield images, labels
+        if self.epoch == epoch:
+            # A finished epoch starts over if iterated again without set_epoch (DataLoader-like).
+            self.batch_index = 0
+
+    @abc.abstractmethod
+    def _produce(self, epoch: int, batches: list[np.ndarray]
+                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yields one (images, labels) device batch per entry of `batches`, in order."""

@@ -1,0 +1,197 @@
+"""`resident`: the whole split decoded once into one uint8 tensor on the device (airbench-style).
+
+Loading decodes every sample once, with the CPU kernel and all workers, into a uint8 NHWC
+store on the target device:
+
+* small images (CIFAR-style, see `augment`): at ``image_size`` (resized if stored otherwise),
+  reflect-padded once by SMALL_IMAGE_PADDING and, for training, kept mirrored too, so a
+  pad-and-crop + flip is one gather of whole crop rows (`batched_crops.ShiftedCrops`: 5.9 M
+  CIFAR crops/s on one CPU core at batch 512, ~6x a per-pixel gather plus a flip);
+* photo-sized images: the centred ``min(h, w)`` square resized to ``round(image_size /
+  crop_ratio)`` (256 for 224), the resolution evaluation crops from. Training's RandomResizedCrop
+  boxes are then drawn on that square (the edges of non-square photos are not seen; that is the
+  price of one fixed-size tensor).
+
+Each batch is then pure device work with no workers: the epoch's order and every crop box are
+computed once per epoch (numpy, see `order`/`augment`) and moved to the device in one copy;
+a batch is an index slice, one gather (small images) or one batched resized crop (photos), and
+a label gather. Keeping uint8 on the device costs 4x less memory than float32 and the stem
+normalises anyway.
+
+If the store would not fit in the memory budget (a fraction of the free device memory, or of
+the available RAM on a CPU device) the builder raises PipelineUnavailable naming both sizes,
+and `auto` falls back to a streaming pipeline.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from . import augment
+from .base import PipelineOptions, PipelineUnavailable
+from .batched_crops import ResizedCrops, ShiftedCrops
+from .cpu_decode import BatchDecoder
+from .ordered import OrderedPipeline
+from .registry import register_pipeline
+from .transfer import as_nchw
+from .workers import choose_workers
+
+log = logging.getLogger(__name__)
+
+# Share of the free memory the store may take: the model, its activations, optimizer state
+# (and on the CPU the OS page cache of the .beton) need the rest.
+RESIDENT_MEMORY_FRACTION = 0.5
+# Samples decoded per loading step: ~50 MB of 224 px images, bounded host memory.
+LOAD_CHUNK = 256
+
+
+def memory_budget(device: torch.device) -> tuple[int, str]:
+    """(bytes the store may use on `device`, how that was worked out)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        where = f"{free / 2**30:.1f} GiB free on {device}"
+    else:
+        free = _available_ram()
+        where = f"{free / 2**30:.1f} GiB of available RAM"
+    return int(free * RESIDENT_MEMORY_FRACTION), \
+        f"{RESIDENT_MEMORY_FRACTION:.0%} of the {where}"
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class StoreLayout:
+    """What the resident store of a split looks like (computable before decoding anything)."""
+
+    def __init__(self, dataset, options: PipelineOptions):
+        self.small = augment.is_small(dataset.heights, dataset.widths)
+        if self.small:
+            self.side = options.image_size   # the decoded image
+            self.pad = augment.SMALL_IMAGE_PADDING
+        else:
+            self.side = max(options.image_size, round(options.image_size / options.crop_ratio))
+            self.pad = 0
+        self.stored = self.side + 2 * self.pad
+        self.num_samples = len(dataset)
+        self.mirrored = self.small and options.train  # flips are only drawn when training
+        self.copies = 2 if self.mirrored else 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.copies * self.num_samples * self.stored * self.stored * 3
+
+
+def resident_bytes(dataset, options: PipelineOptions) -> int:
+    """Device bytes the resident store of `dataset` would take with `options`."""
+    return StoreLayout(dataset, options).nbytes
+
+
+class ResidentPipeline(OrderedPipeline):
+    name = "resident"
+
+    def __init__(self, dataset, options: PipelineOptions):
+        super().__init__(dataset, options)
+        self.layout = StoreLayout(dataset, options)
+        budget, how = memory_budget(self.device)
+        if self.layout.nbytes > budget:
+            raise PipelineUnavailable(
+                f"resident: the decoded split needs {_gib(self.layout.nbytes)} "
+                f"({len(dataset)} images of {self.layout.stored}x{self.layout.stored}x3 uint8), "
+                f"more than the memory budget of {_gib(budget)} ({how}); use a streaming "
+                f"pipeline such as pytorch")
+        self.workers, _ = choose_workers(options.workers, "cpu")
+        self.family = augment.choose_augmentation(dataset.heights, dataset.widths,
+                                                  train=options.train)
+        self.store = self._load(dataset)
+        self.labels = torch.as_tensor(np.asarray(dataset.labels, dtype=np.int64),
+                                      device=self.device)
+        if self.layout.small:
+            self.crops = ShiftedCrops(self.store, len(dataset), options.image_size,
+                                      mirrored=self.layout.mirrored)
+        else:
+            self.crops = ResizedCrops(self.store, options.image_size, max(1, self.workers))
+        log.info("resident: %d images stored as %dx%d uint8 on %s (%s)", len(dataset),
+                 self.layout.stored, self.layout.stored, self.device, _gib(self.layout.nbytes))
+
+    def _load(self, dataset) -> torch.Tensor:
+        """Decodes every sample once into the (N, stored, stored, 3) uint8 device store."""
+        layout, n = self.layout, len(dataset)
+        # Photos: the centred min-side square (crop_ratio=1) at `side`; small: resized to side.
+        decoder = BatchDecoder(dataset, image_size=layout.side, train=False, seed=0,
+                               crop_ratio=1.0)
+        store = torch.empty((layout.copies * n, layout.stored, layout.stored, 3),
+                            dtype=torch.uint8, device=self.device)
+        p = layout.pad
+        pinned = self.device.type == "cuda"
+        threads = max(1, self.workers)
+        chunks = [np.arange(s, min(s + LOAD_CHUNK, n)) for s in range(0, n, LOAD_CHUNK)]
+
+        def decode(indices: np.ndarray) -> list[torch.Tensor]:
+            host = torch.empty((len(indices), layout.side, layout.side, 3), dtype=torch.uint8,
+                               pin_memory=pinned)
+            decoder.decode(indices, 0, host.numpy())
+            if p:  # reflect = torch's 'reflect' = cv2's BORDER_REFLECT_101 (no repeated edge)
+                host = torch.from_numpy(np.pad(host.numpy(), ((0, 0), (p, p), (p, p), (0, 0)),
+                                               mode="reflect"))
+            return [host, host.flip(2)] if layout.mirrored else [host]
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="turbotrain-load") as pool:
+            for indices, copies in zip(chunks, pool.map(decode, chunks)):
+                for copy, host in enumerate(copies):  # copy 1: the mirrors, at index + n
+                    start = copy * n + int(indices[0])
+                    store[start:start + len(indices)].copy_(host, non_blocking=pinned)
+        if pinned:
+            torch.cuda.synchronize(self.device)
+        return store
+
+    def _produce(self, epoch: int, batches: list[np.ndarray]):
+        if not batches:
+            return
+        samples = np.concatenate(batches)
+        side = self.layout.side
+        full = np.full(len(samples), side, dtype=np.int64)
+        boxes = augment.crop_boxes(self.family, seed=self.options.seed, epoch=epoch,
+                                   indices=samples, heights=full, widths=full,
+                                   image_size=self.options.image_size,
+                                   crop_ratio=self.options.crop_ratio)
+        # One host-to-device copy per epoch for the order and every box.
+        table = np.stack([samples, boxes.top + self.layout.pad, boxes.left + self.layout.pad,
+                          boxes.height, boxes.width, boxes.flip.astype(np.int64)], axis=1)
+        table = torch.from_numpy(table).to(self.device)
+        start = 0
+        for indices in batches:
+            rows = table[start:start + len(indices)]
+            start += len(indices)
+            index = rows[:, 0]
+            if self.layout.small:
+                images = self.crops(index, rows[:, 1], rows[:, 2], rows[:, 5].bool())
+            else:
+                images = self.crops(index, rows[:, 1:6])
+            yield as_nchw(images), self.labels[index]
+
+    def close(self) -> None:
+        if isinstance(self.crops, ResizedCrops):
+            self.crops.close()
+        self.store = self.crops = None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+@register_pipeline("resident")
+def build_resident(dataset, options: PipelineOptions) -> ResidentPipeline:
+    return ResidentPipeline(dataset, options)
