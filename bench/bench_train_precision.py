@@ -1,0 +1,109 @@
+"""Training-step speed of the trainer's precision and memory-format choices, side by side.
+
+    .venv/bin/python bench/bench_train_precision.py [--models resnet18:64,compact28:28]
+        [--batch-size 64] [--steps 10] [--rounds 2] [--threads 2]
+
+Each (model, image size) is timed in four settings: fp32 contiguous (the naive baseline),
+fp32 channels_last, bf16 autocast contiguous and bf16 autocast channels_last (the trainer's
+CPU default where the CPU has native bf16). A step is exactly the trainer's: `StepEngine`
+(uint8 input stem, forward and label-smoothed loss under autocast, backward, Nesterov SGD,
+LR schedule), on random uint8 images already in memory, so only compute is timed. Two untimed
+warm-up steps per setting, then `--steps` timed ones; settings run `--rounds` times interleaved
+and the best round counts (the machine is shared). Writes bench/results/train_precision.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results" / "train_precision.json"
+sys.path.insert(0, str(ROOT.parent))
+
+SETTINGS = [("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True)]
+
+
+def build_engine(model_name: str, precision: str, channels_last: bool, num_classes: int):
+    import torch
+    from turbotrain.train.device import make_grad_scaler
+    from turbotrain.train.loop import StepEngine
+    from turbotrain.train.models import build_model, get_model_spec
+    from turbotrain.train.schedule import build_optimizer, build_scheduler
+
+    torch.manual_seed(0)
+    model = build_model(get_model_spec(model_name), num_classes)
+    model.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    optimizer = build_optimizer(model, name="sgd", lr=0.05, weight_decay=5e-4, momentum=0.9)
+    scheduler = build_scheduler(optimizer, total=1000, warmup=10, kind="cosine")
+    cpu = torch.device("cpu")
+    return StepEngine(model, optimizer, scheduler, make_grad_scaler(cpu, precision), device=cpu,
+                      precision=precision, accum_steps=1, label_smoothing=0.1,
+                      channels_last=channels_last)
+
+
+def time_setting(model_name, size, batch, precision, channels_last, steps) -> float:
+    """Images per second of `steps` training steps after 2 warm-up steps."""
+    import torch
+    engine = build_engine(model_name, precision, channels_last, num_classes=10)
+    images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8)
+    images = images.contiguous(memory_format=torch.channels_last)  # what pipelines hand over
+    labels = torch.randint(0, 10, (batch,))
+    for _ in range(2):
+        engine.micro_step(images, labels, True)
+        engine.optimizer_step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.micro_step(images, labels, True)
+        engine.optimizer_step()
+    return batch * steps / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="resnet18:64,compact28:28",
+                        help="comma-separated NAME:IMAGE_SIZE (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="torch intra-op threads (default: all cores, no loader runs)")
+    args = parser.parse_args()
+
+    import torch
+    torch.set_num_threads(args.threads)
+    from turbotrain.train.device import cpu_has_native_bf16
+
+    results = []
+    for entry in args.models.split(","):
+        name, size = entry.split(":")
+        best: dict = {}
+        for _ in range(args.rounds):
+            for precision, channels_last in SETTINGS:
+                rate = time_setting(name, int(size), args.batch_size, precision, channels_last,
+                                    args.steps)
+                key = (precision, channels_last)
+                best[key] = max(best.get(key, 0.0), rate)
+        base = best[("fp32", False)]
+        for (precision, channels_last), rate in best.items():
+            results.append({"model": name, "image_size": int(size), "precision": precision,
+                            "channels_last": channels_last, "images_per_second": rate,
+                            "speedup_vs_fp32_contiguous": rate / base})
+            print(f"{name:10s} {size:>4s} px  {precision}  "
+                  f"{'channels_last' if channels_last else 'contiguous   '}  "
+                  f"{rate:8.1f} img/s  x{rate / base:.2f}", flush=True)
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "cpu_native_bf16": cpu_has_native_bf16(), "threads": args.threads,
+        "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds,
+        "load_average": os.getloadavg(), "torch": torch.__version__, "results": results},
+        indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

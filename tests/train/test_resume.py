@@ -1,0 +1,106 @@
+"""Exact resume: a run killed with SIGKILL (or stopped with SIGTERM) and resumed logs the same
+per-step losses, bit for bit, as a run that was never interrupted (CPU, 1 thread)."""
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+import torch
+
+from turbotrain.train.checkpoint import checkpoint_path
+
+from .conftest import read_jsonl, step_losses, train_subprocess
+
+# test-slow takes 50 ms a batch, so there is time to kill the run between checkpoints.
+ARGS = ("--pipeline", "test-slow", "--epochs", 3, "--batch-size", 8, "--log-every", 1,
+        "--checkpoint-every", 5, "--threads", 1, "--workers", 0, "--deterministic",
+        "--lr", "0.1")
+TOTAL_STEPS = 36  # 96 images / 8 x 3 epochs
+
+
+def _run_to_end(*args, timeout=240):
+    proc = train_subprocess(*args)
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return out
+
+
+def _wait_for(predicate, proc, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert time.monotonic() < deadline, "timed out waiting for the run"
+        time.sleep(0.01)
+
+
+def _logged_steps(run_dir) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    steps = [0]
+    for line in path.read_text().splitlines():
+        try:
+            steps.append(json.loads(line).get("step", 0))
+        except json.JSONDecodeError:  # a line being written
+            pass
+    return max(steps)
+
+
+def _checkpoint_step(run_dir) -> int:
+    try:
+        return torch.load(checkpoint_path(run_dir), weights_only=False)["counters"]["step"]
+    except (FileNotFoundError, EOFError, RuntimeError):
+        return -1
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_dataset, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("resume") / "full"
+    _run_to_end("--data", tiny_dataset, "--out", run_dir, *ARGS)
+    losses = step_losses(run_dir)
+    assert sorted(losses) == list(range(1, TOTAL_STEPS + 1))
+    return run_dir
+
+
+def _epoch_records(run_dir):
+    return [{k: r[k] for k in ("epoch", "step", "val_loss", "val_accuracy", "train_loss")}
+            for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "epoch"]
+
+
+def test_resume_after_kill_9_repeats_the_losses_exactly(uninterrupted, tiny_dataset, tmp_path):
+    run_dir = tmp_path / "killed"
+    proc = train_subprocess("--data", tiny_dataset, "--out", run_dir, *ARGS)
+    try:
+        # Kill after the step-5 checkpoint, with a few steps logged past it (these must go).
+        _wait_for(lambda: _checkpoint_step(run_dir) >= 5 and _logged_steps(run_dir) >= 7, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert _logged_steps(run_dir) < TOTAL_STEPS
+    _run_to_end("--out", run_dir, "--resume")
+    assert step_losses(run_dir) == step_losses(uninterrupted)
+    assert _epoch_records(run_dir) == _epoch_records(uninterrupted)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == TOTAL_STEPS
+
+
+def test_sigterm_checkpoints_then_resume_finishes_the_same(uninterrupted, tiny_dataset,
+                                                           tmp_path):
+    run_dir = tmp_path / "stopped"
+    proc = train_subprocess("--data", tiny_dataset, "--out", run_dir, *ARGS)
+    try:
+        _wait_for(lambda: _logged_steps(run_dir) >= 3, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "--resume" in err
+    stopped_at = _checkpoint_step(run_dir)
+    assert 3 <= stopped_at < TOTAL_STEPS
+    _run_to_end("--out", run_dir, "--resume")
+    assert step_losses(run_dir) == step_losses(uninterrupted)

@@ -1,0 +1,62 @@
+"""Parameter groups, LR scaling, warm-up + decay, and the EMA."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from turbotrain.train.ema import ModelEMA
+from turbotrain.train.schedule import (WarmupDecay, auto_warmup_steps, build_optimizer,
+                                       param_groups, scaled_lr)
+
+
+def test_no_weight_decay_on_norms_and_biases():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
+    decay, no_decay = param_groups(model, 5e-4)
+    assert decay["weight_decay"] == 5e-4 and no_decay["weight_decay"] == 0.0
+    assert {p.ndim for p in decay["params"]} == {2, 4}  # conv and linear weights
+    assert len(no_decay["params"]) == 4  # conv bias, BN weight and bias, linear bias
+    optimizer = build_optimizer(model, name="sgd", lr=0.1, weight_decay=5e-4, momentum=0.9)
+    assert optimizer.defaults["nesterov"] is True
+
+
+def test_lr_scales_with_the_global_batch():
+    assert scaled_lr(0.1, 512, "sgd") == pytest.approx(0.2)
+    assert scaled_lr(1e-3, 1024, "adamw") == pytest.approx(2e-3)  # square root for AdamW
+
+
+@pytest.mark.parametrize("kind", ["cosine", "linear"])
+def test_warmup_then_decay_to_zero(kind):
+    schedule = WarmupDecay(total=100, warmup=10, kind=kind)
+    factors = [schedule(step) for step in range(101)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert all(a <= b for a, b in zip(factors[:10], factors[1:10]))  # rising
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:]))  # falling
+    assert factors[100] == pytest.approx(0.0, abs=1e-9)
+    if kind == "cosine":
+        assert factors[55] == pytest.approx(0.5)
+
+
+def test_onecycle_peaks_at_a_quarter():
+    schedule = WarmupDecay(total=100, warmup=0, kind="onecycle")
+    factors = [schedule(step) for step in range(100)]
+    assert max(range(100), key=factors.__getitem__) == 24
+
+
+def test_auto_warmup():
+    assert auto_warmup_steps(10) == 1 and auto_warmup_steps(1000) == 50
+    assert auto_warmup_steps(10**6) == 2000
+
+
+def test_ema_follows_the_weights_with_a_ramped_decay():
+    model = nn.Linear(2, 1, bias=False)
+    nn.init.zeros_(model.weight)
+    ema = ModelEMA(model, decay=0.99)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    ema.update(model)  # decay min(0.99, 2/11): moves most of the way at once
+    assert float(ema.module.weight[0, 0]) == pytest.approx(1 - 2 / 11)
+    state = ema.state_dict()
+    other = ModelEMA(model, decay=0.5)
+    other.load_state_dict(state)
+    assert other.updates == 1 and other.decay == 0.99

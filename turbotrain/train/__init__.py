@@ -1,0 +1,17 @@
+"""The `train` command's engine: models, recipe, loop, checkpoints and reports.
+
+    from turbotrain.train import TrainConfig, train
+    summary = train(TrainConfig(data="OUT", epochs=2))
+
+Importing this package is cheap (no torch); `train` imports the rest on first use.
+"""
+from .config import TrainConfig
+from .errors import Interrupted, TrainError, TrainingDiverged
+
+
+def train(config: TrainConfig) -> dict:
+    from .trainer import train as _train
+    return _train(config)
+
+
+__all__ = ["Interrupted", "TrainConfig", "TrainError", "TrainingDiverged", "train"]

@@ -1,0 +1,65 @@
+"""The trainer's view of the data: open the splits, pick the pipeline, size the images."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from turbotrain.pipeline import Pipeline, build_auto, build_pipeline
+
+SMALL_IMAGE_PX = 64  # at or below this, images train at their native size
+
+
+def open_split(path: str, split: str):
+    """The reader's `open_dataset`; DatasetError propagates (its message is one line)."""
+    from turbotrain.datasets import open_dataset
+    return open_dataset(path, split=split)
+
+
+def open_val_split(path: str):
+    """(the val split, "") or (None, why there is none): then the run does no evaluation.
+
+    Only a split that dataset.json does not list counts as absent; a listed but damaged val
+    split is an error like any other."""
+    from turbotrain.datasets.dataset import read_dataset_json
+    root = Path(path)
+    if root.is_file():
+        return None, f"{root} is a single .beton file (no val split beside it)"
+    if "val" not in read_dataset_json(root).get("splits", {}):
+        return None, f"{root} has no val split (prepare-dataset --val-fraction carves one)"
+    return open_split(path, "val"), ""
+
+
+def jpeg_fraction(dataset) -> float:
+    modes = np.asarray(dataset.modes)
+    return float((modes == 0).mean()) if modes.size else 0.0
+
+
+def largest_side(dataset) -> int:
+    heights, widths = np.asarray(dataset.heights), np.asarray(dataset.widths)
+    return int(max(heights.max(initial=0), widths.max(initial=0)))
+
+
+def auto_image_size(dataset, device_type: str) -> tuple[int, str]:
+    side = largest_side(dataset)
+    if 0 < side <= SMALL_IMAGE_PX:
+        # prepare-dataset stores images this small raw: nothing to decode, and upscaling
+        # would only multiply the FLOPs.
+        return side, f"native size of the {side} px images"
+    if device_type == "cuda":
+        return 224, "224 px on CUDA, the standard ImageNet training size"
+    # ResNet-18 at 128 px costs (224/128)^2 = 3.1x fewer FLOPs per image than at 224, and
+    # low-resolution training loses little when evaluated near the train size (FFCV trains
+    # ResNet-50 at 160-192 px); a 2-core CPU needs every one of those 3x.
+    return 128, "128 px on CPU: 3.1x fewer FLOPs per image than 224"
+
+
+def open_pipeline(name: str, dataset, **options) -> tuple[Pipeline, str, str]:
+    """Builds pipeline `name`, or for `auto` the first that can run here in the pipeline
+    package's fallback order (`turbotrain.pipeline.build_auto`).
+
+    Returns the pipeline, its name and a reason line."""
+    if name != "auto":
+        return build_pipeline(name, dataset, **options), name, "asked for"
+    pipeline, reason = build_auto(dataset, **options)
+    return pipeline, pipeline.name, reason

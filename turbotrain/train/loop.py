@@ -1,0 +1,111 @@
+"""The hot loop's two halves: one optimizer step over K micro-batches, and evaluation.
+
+Nothing here calls `.item()`: the loss is summed on the device and read at log points only, so
+on CUDA the CPU can queue the next steps while the GPU works (one `.item()` per step stalls the
+queue each step).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .device import autocast_context
+from .distributed import DistEnv, all_reduce_sum, sync_context
+from .ema import ModelEMA
+
+
+@dataclass
+class Timer:
+    """Seconds blocked in `next(iterator)` (data wait) and seconds overall."""
+    data_wait: float = 0.0
+
+    def next_batch(self, iterator):
+        start = time.perf_counter()
+        batch = next(iterator)
+        self.data_wait += time.perf_counter() - start
+        return batch
+
+
+class StepEngine:
+    """Forward and loss under autocast, backward through the GradScaler, optimizer step every
+    `accum_steps` micro-batches with the loss scaled by 1/K, so K micro-batches of B add up to
+    the gradient of one batch of K*B."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
+                 scaler: torch.amp.GradScaler, *, device: torch.device, precision: str,
+                 accum_steps: int, label_smoothing: float, channels_last: bool,
+                 ema: ModelEMA | None = None, ema_source: nn.Module | None = None):
+        self.model = model  # possibly compiled and/or DDP-wrapped
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.device = device
+        self.precision = precision
+        self.accum_steps = accum_steps
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.ema = ema
+        self.ema_source = ema_source  # the plain module the EMA follows
+
+    def micro_step(self, images: torch.Tensor, labels: torch.Tensor,
+                   will_step: bool) -> torch.Tensor:
+        """Forward + backward of one micro-batch; returns its (unscaled) loss / K, detached."""
+        images = images.contiguous(memory_format=self.memory_format)  # no-op when it already is
+        with sync_context(self.model, will_step):
+            with autocast_context(self.device, self.precision):
+                logits = self.model(images)
+                loss = self.criterion(logits, labels) / self.accum_steps
+            self.scaler.scale(loss).backward()
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        self.scaler.step(self.optimizer)  # skips the step when fp16 gradients hold inf/nan
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.ema_source)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, pipeline, *, device: torch.device, precision: str,
+             channels_last: bool, env: DistEnv) -> dict:
+    """Accuracy and mean cross-entropy (no label smoothing) over the whole split, summed across
+    ranks. `pipeline` is rewound to its first batch before and after."""
+    was_training = model.training
+    model.eval()
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    start = time.perf_counter()
+    initial = pipeline.state_dict()
+    try:
+        for images, labels in pipeline:
+            images = images.contiguous(memory_format=memory_format)
+            with autocast_context(device, precision):
+                logits = model(images)
+            loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+            totals[0] += loss
+            totals[1] += (logits.argmax(dim=1) == labels).sum()
+            totals[2] += labels.numel()
+    finally:
+        pipeline.load_state_dict(initial)
+        model.train(was_training)
+    loss_sum, correct, count = all_reduce_sum(totals, env).tolist()
+    count = max(count, 1.0)
+    return {"val_loss": loss_sum / count, "val_accuracy": correct / count,
+            "val_images": int(count), "eval_seconds": time.perf_counter() - start}
+
+
+def parameters_finite(model: nn.Module) -> bool:
+    params = [p.detach() for p in model.parameters()]
+    if not params:
+        return True
+    norms = torch._foreach_norm(params)
+    return bool(torch.isfinite(torch.stack(norms)).all())

@@ -1,0 +1,120 @@
+"""What a run leaves in RUNDIR: metrics.jsonl, summary.json, curves.png, TensorBoard scalars.
+
+metrics.jsonl has one JSON object a line: `{"kind": "step", ...}` every `--log-every` optimizer
+steps and `{"kind": "epoch", ...}` after each evaluation. A resumed run first drops the lines
+written after its checkpoint, so the file reads as one uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+METRICS_NAME = "metrics.jsonl"
+SUMMARY_NAME = "summary.json"
+CURVES_NAME = "curves.png"
+
+
+def _clean(value):
+    """JSON has no NaN/inf: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLog:
+    def __init__(self, run_dir: str | os.PathLike, *, enabled: bool = True,
+                 tensorboard: bool = False):
+        self.path = Path(run_dir) / METRICS_NAME
+        self.enabled = enabled
+        self.writer = _tensorboard_writer(run_dir) if (enabled and tensorboard) else None
+
+    def truncate_after(self, step: int, epochs_done: int) -> None:
+        """Keeps step lines up to `step` and epoch lines of the first `epochs_done` epochs."""
+        if not (self.enabled and self.path.is_file()):
+            return
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line torn by kill -9
+                continue
+            if record.get("kind") == "epoch":
+                if record["epoch"] < epochs_done:
+                    kept.append(line)
+            elif record.get("step", 0) <= step:
+                kept.append(line)
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        if self.writer is not None:
+            step = record.get("step", 0)
+            prefix = "train" if record.get("kind") == "step" else "val"
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key not in ("step", "epoch", "kind"):
+                    self.writer.add_scalar(f"{prefix}/{key}", value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def _tensorboard_writer(run_dir):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("train: --tensorboard: tensorboard is not installed (pip install tensorboard); "
+              "writing metrics.jsonl only")
+        return None
+    return SummaryWriter(str(Path(run_dir) / "tensorboard"))
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    path = Path(run_dir) / METRICS_NAME
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_summary(run_dir: str | os.PathLike, summary: dict) -> None:
+    path = Path(run_dir) / SUMMARY_NAME
+    path.write_text(json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2) + "\n")
+
+
+def plot_curves(run_dir: str | os.PathLike) -> Path | None:
+    """curves.png: train/val loss and val accuracy against wall time and against epoch."""
+    records = read_metrics(run_dir)
+    steps = [r for r in records if r.get("kind") == "step" and r.get("loss") is not None]
+    epochs = [r for r in records if r.get("kind") == "epoch"]
+    if not steps and not epochs:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")  # no display needed; safe in CI and under torchrun
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    for column, axis_key, label in ((0, "time", "wall time (s)"), (1, "epoch_float", "epoch")):
+        loss_ax, acc_ax = axes[0][column], axes[1][column]
+        loss_ax.plot([r[axis_key] for r in steps], [r["loss"] for r in steps],
+                     label="train loss", lw=1)
+        with_val = [r for r in epochs if r.get("val_loss") is not None]
+        if with_val:
+            loss_ax.plot([r[axis_key] for r in with_val], [r["val_loss"] for r in with_val],
+                         "o-", label="val loss")
+            acc_ax.plot([r[axis_key] for r in with_val], [r["val_accuracy"] for r in with_val],
+                        "o-", label="val accuracy", color="C2")
+        loss_ax.set(xlabel=label, ylabel="loss")
+        loss_ax.legend()
+        acc_ax.set(xlabel=label, ylabel="accuracy", ylim=(0, 1))
+        acc_ax.grid(alpha=0.3)
+        loss_ax.grid(alpha=0.3)
+    path = Path(run_dir) / CURVES_NAME
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -1,0 +1,366 @@
+"""`train(config)`: the epoch loop around StepEngine, with logging, evaluation and checkpoints.
+
+    from turbotrain.train import TrainConfig, train
+    summary = train(TrainConfig(data="OUT", epochs=2))
+
+Timing: data wait is the time blocked in `next(iterator)`; the rest of a step is compute. On
+CUDA the device is synchronised at log points, so each window's wall time is the GPU's too. The
+first optimizer steps of a process (compile, allocator and oneDNN/cuDNN warm-up) and evaluation
+are kept out of images/s.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .device import peak_memory_bytes
+from .distributed import barrier, destroy_process_group, dist_env_from_environ
+from .errors import Interrupted, TrainingDiverged
+from .loop import evaluate, parameters_finite
+from .progress import Progress
+from .report import MetricsLog, plot_curves, write_summary
+from .builder import Run, build_run
+
+NONFINITE_PATIENCE = 2  # log windows in a row with a non-finite loss before the run stops
+
+
+@dataclass
+class Counters:
+    """Where the run is; saved in every checkpoint."""
+    epoch: int = 0  # the epoch being trained
+    micro_in_epoch: int = 0  # micro-batches of it already trained on
+    step: int = 0  # optimizer steps done
+    images: int = 0  # images trained on, all ranks
+    wall_seconds: float = 0.0  # elapsed before this process started (resumed runs)
+    timed_seconds: float = 0.0  # training time counted in images/s
+    timed_images: int = 0
+    timed_steps: int = 0
+    timed_data_wait: float = 0.0
+    warmup_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    window_steps: int = 0  # steps in the current loss window
+    epoch_loss_sum: float = 0.0
+    epoch_steps: int = 0
+    bad_windows: int = 0
+    last_checkpoint_step: int = -1
+    last_eval_step: int = -1
+    val: dict | None = None  # the latest evaluation
+
+
+class Trainer:
+    def __init__(self, run: Run, started: float | None = None):
+        self.run = run
+        self.config: TrainConfig = run.config
+        self.main = run.env.is_main
+        self.counters = Counters()
+        self.loss_window = torch.zeros((), device=run.device)  # summed on the device
+        self.metrics = MetricsLog(run.run_dir, enabled=self.main,
+                                  tensorboard=self.config.tensorboard)
+        self.progress = Progress(total_steps=run.total_steps, enabled=self.main)
+        self.started = time.perf_counter() if started is None else started
+        self.process_steps = 0
+        # Steps whose time is warm-up: the first eager step builds oneDNN/cuDNN plans; compiled
+        # models also compile the backward on the second.
+        self.warmup_steps = 2 if run.compiled else 1
+        self._reset_timing_window()
+        self.pipeline_state = None
+        if run.resume_state is not None:
+            self._restore(run.resume_state)
+
+    # ------------------------------------------------------------------ the run
+
+    def fit(self) -> dict:
+        run, c = self.run, self.counters
+        for line in self._startup_lines():
+            self.progress.message(line)
+        self.progress.start(c.step)
+        outcome = "completed"
+        with ckpt.StopRequest() as stop:
+            while c.epoch < self.config.epochs and c.step < run.total_steps:
+                finished_epoch = self._train_epoch(stop)
+                if not finished_epoch:
+                    outcome = "max_steps"
+                    break
+                self._end_epoch()
+            if c.step >= run.total_steps and c.step < self.config.epochs * run.steps_per_epoch:
+                outcome = "max_steps"
+            if c.last_eval_step != c.step:
+                self._evaluate(record_epoch=False)
+                self._checkpoint()
+        return self._finish(outcome)
+
+    def _train_epoch(self, stop: ckpt.StopRequest) -> bool:
+        """Trains from the current position to the end of the epoch; False when the run's step
+        budget ran out first. Checkpoints and exits on SIGTERM/SIGINT."""
+        run, c, engine = self.run, self.counters, self.run.engine
+        k = self.config.accum_steps
+        micro_total = run.steps_per_epoch * k
+        pipeline = run.train_pipeline
+        pipeline.set_epoch(c.epoch)
+        if self.pipeline_state is not None:  # resuming mid-epoch
+            pipeline.load_state_dict(self.pipeline_state)
+            self.pipeline_state = None
+        iterator = iter(pipeline)
+        self._reset_timing_window()
+        while c.micro_in_epoch < micro_total:
+            wait_start = time.perf_counter()
+            try:
+                images, labels = next(iterator)
+            except StopIteration:
+                break
+            self.window_data_wait += time.perf_counter() - wait_start
+            will_step = (c.micro_in_epoch + 1) % k == 0
+            self.loss_window += engine.micro_step(images, labels, will_step)
+            c.micro_in_epoch += 1
+            self.window_images += labels.shape[0] * run.env.world_size
+            if not will_step:
+                continue
+            engine.optimizer_step()
+            c.step += 1
+            c.window_steps += 1
+            self.window_steps += 1
+            self.process_steps += 1
+            if self.process_steps <= self.warmup_steps:
+                self._end_warmup_step()
+            end_of_epoch = c.micro_in_epoch >= micro_total
+            if c.step % self.config.log_every == 0 or end_of_epoch or c.step >= run.total_steps:
+                self._log_step()
+            if stop.requested:
+                self._checkpoint()
+                name = signal.Signals(stop.signum).name
+                raise Interrupted(stop.signum, f"stopped by {name} at step {c.step}; checkpoint "
+                                  f"in {run.run_dir}; continue with --out {run.run_dir} --resume")
+            if self.config.checkpoint_every and c.step % self.config.checkpoint_every == 0 \
+                    and not end_of_epoch:
+                self._checkpoint()
+            if c.step >= run.total_steps and not end_of_epoch:
+                return False
+        del iterator
+        # A pipeline that ran short mid-accumulation must not leak gradients into next epoch.
+        engine.optimizer.zero_grad(set_to_none=True)
+        c.micro_in_epoch = micro_total
+        return True
+
+    def _end_epoch(self) -> None:
+        c = self.counters
+        self._evaluate(record_epoch=True)
+        c.epoch += 1
+        c.micro_in_epoch = 0
+        c.epoch_loss_sum = 0.0
+        c.epoch_steps = 0
+        self._checkpoint()
+
+    # ------------------------------------------------------------------ timing and logging
+
+    def _reset_timing_window(self) -> None:
+        self.window_start = time.perf_counter()
+        self.window_images = 0
+        self.window_data_wait = 0.0
+        self.window_steps = 0
+
+    def _sync(self) -> None:
+        if self.run.device.type == "cuda":
+            torch.cuda.synchronize(self.run.device)
+
+    def _end_warmup_step(self) -> None:
+        self._sync()
+        self.counters.warmup_seconds += time.perf_counter() - self.window_start
+        self.counters.images += self.window_images
+        self._reset_timing_window()
+
+    def _flush_timing(self) -> tuple[float | None, float | None]:
+        """Adds the timing window to the totals; returns its (images/s, data-wait fraction)."""
+        self._sync()
+        c = self.counters
+        seconds = time.perf_counter() - self.window_start
+        c.timed_seconds += seconds
+        c.timed_images += self.window_images
+        c.timed_steps += self.window_steps
+        c.timed_data_wait += self.window_data_wait
+        c.images += self.window_images
+        # None (not 0) for a window that held only warm-up steps: nothing was timed.
+        rate = self.window_images / seconds if self.window_images and seconds > 0 else None
+        wait = self.window_data_wait / seconds if self.window_images and seconds > 0 else None
+        self._reset_timing_window()
+        return rate, wait
+
+    def elapsed(self) -> float:
+        return self.counters.wall_seconds + time.perf_counter() - self.started
+
+    def _epoch_float(self) -> float:
+        c = self.counters
+        return c.epoch + c.micro_in_epoch / (self.run.steps_per_epoch * self.config.accum_steps)
+
+    def _log_step(self) -> None:
+        c = self.counters
+        rate, wait = self._flush_timing()
+        loss = float(self.loss_window) / max(1, c.window_steps)
+        if torch.isfinite(torch.tensor(loss)):
+            c.bad_windows = 0
+            c.epoch_loss_sum += float(self.loss_window)
+            c.epoch_steps += c.window_steps
+        else:
+            c.bad_windows += 1
+            if c.bad_windows >= NONFINITE_PATIENCE or not parameters_finite(self.run.model):
+                self._diverged(f"the training loss is {loss} at step {c.step} and stayed "
+                               "non-finite")
+        self.loss_window.zero_()
+        c.window_steps = 0
+        self.metrics.write({"kind": "step", "epoch": c.epoch, "epoch_float": self._epoch_float(),
+                            "step": c.step, "loss": loss, "lr": self.run.engine.lr,
+                            "images_per_second": rate, "data_wait_fraction": wait,
+                            "time": self.elapsed()})
+        mean_step = c.timed_seconds / c.timed_steps if c.timed_steps else 0.0
+        self.progress.update(epoch=c.epoch, epochs=self.config.epochs, step=c.step, loss=loss,
+                             images_per_second=rate, data_wait_fraction=wait,
+                             eta_seconds=mean_step * (self.run.total_steps - c.step))
+
+    def _diverged(self, what: str) -> None:
+        c = self.counters
+        kept = (f"the last good checkpoint (step {c.last_checkpoint_step}) is kept in "
+                f"{self.run.run_dir}" if c.last_checkpoint_step >= 0 else "no checkpoint was "
+                "written yet")
+        raise TrainingDiverged(f"{what}; {kept}. Try a lower --lr, or --precision fp32")
+
+    def _evaluate(self, *, record_epoch: bool) -> None:
+        run, c = self.run, self.counters
+        self._flush_timing()
+        if run.val_pipeline is None:
+            c.last_eval_step = c.step
+            if record_epoch:
+                self._write_epoch_record({})
+            return
+        result = evaluate(run.model, run.val_pipeline, device=run.device,
+                          precision=run.precision, channels_last=run.channels_last, env=run.env)
+        c.eval_seconds += result.pop("eval_seconds")
+        c.val = result
+        c.last_eval_step = c.step
+        if record_epoch:
+            self._write_epoch_record(result)
+        self.progress.message(f"epoch {c.epoch + 1 if record_epoch else self._epoch_float():.3g}"
+                              f" step {c.step}: val_loss {result['val_loss']:.4f} "
+                              f"val_accuracy {result['val_accuracy']:.2%}")
+        self._reset_timing_window()
+
+    def _write_epoch_record(self, result: dict) -> None:
+        c = self.counters
+        train_loss = c.epoch_loss_sum / c.epoch_steps if c.epoch_steps else None
+        self.metrics.write({"kind": "epoch", "epoch": c.epoch, "epoch_float": c.epoch + 1.0,
+                            "step": c.step, "train_loss": train_loss, **result,
+                            "time": self.elapsed()})
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint(self) -> None:
+        run, c = self.run, self.counters
+        self._flush_timing()
+        if not parameters_finite(run.model):
+            self._diverged(f"the weights became non-finite (nan/inf) by step {c.step}")
+        if self.main:
+            engine = run.engine
+            counters = dataclasses.replace(c, wall_seconds=self.elapsed())
+            pipeline_state = {**run.train_pipeline.state_dict(), "epoch": c.epoch,
+                              "batch_index": c.micro_in_epoch}
+            ckpt.save_atomic({
+                "model": run.model.state_dict(),
+                "optimizer": engine.optimizer.state_dict(),
+                "scheduler": engine.scheduler.state_dict(),
+                "scaler": engine.scaler.state_dict(),
+                "ema": run.ema.state_dict() if run.ema is not None else None,
+                "rng": ckpt.capture_rng(),
+                "pipeline": pipeline_state,
+                "counters": dataclasses.asdict(counters),
+                "loss_window": self.loss_window.detach().cpu().clone(),
+                "config": self.config.to_saved_dict(),
+            }, ckpt.checkpoint_path(run.run_dir))
+        c.last_checkpoint_step = c.step
+        barrier(run.env)
+        self._reset_timing_window()
+
+    def _restore(self, state: dict) -> None:
+        """Counters, RNG, loss window and pipeline position (the modules were restored when the
+        run was built); metrics logged after the checkpoint are dropped."""
+        self.counters = Counters(**state["counters"])
+        self.counters.last_checkpoint_step = self.counters.step
+        self.loss_window = state["loss_window"].to(self.run.device)
+        ckpt.restore_rng(state["rng"])
+        pipeline_state = state["pipeline"]
+        if self.counters.micro_in_epoch > 0:
+            self.pipeline_state = pipeline_state
+        self.metrics.truncate_after(self.counters.step, self.counters.epoch)
+
+    # ------------------------------------------------------------------ the end
+
+    def _startup_lines(self) -> list[str]:
+        run = self.run
+        verb = "resuming" if run.resume_state is not None else "training"
+        lines = [f"{verb} {run.config.model} on {run.config.data} -> {run.run_dir}: "
+                 f"{run.steps_per_epoch} steps/epoch x {self.config.epochs} epochs "
+                 f"({run.total_steps} steps), global batch {run.global_batch}, "
+                 f"lr {self.config.lr:.4g}, {run.num_classes} classes"]
+        lines += [f"  {what}: {why}" for what, why in run.decisions.items()]
+        return lines
+
+    def _finish(self, outcome: str) -> dict:
+        run, c = self.run, self.counters
+        ema_result = {}
+        if run.ema is not None and run.val_pipeline is not None:
+            ema_eval = evaluate(run.ema.module, run.val_pipeline, device=run.device,
+                                precision=run.precision, channels_last=run.channels_last,
+                                env=run.env)
+            ema_result = {"ema_val_loss": ema_eval["val_loss"],
+                          "ema_val_accuracy": ema_eval["val_accuracy"]}
+            self.progress.message(f"EMA weights: val_accuracy {ema_eval['val_accuracy']:.2%}")
+        self.progress.close()
+        val = c.val or {}
+        timed = c.timed_seconds
+        summary = {
+            "val_accuracy": val.get("val_accuracy"), "val_loss": val.get("val_loss"), **ema_result,
+            "epochs": round(c.epoch + (c.micro_in_epoch / (run.steps_per_epoch
+                                                           * self.config.accum_steps)), 4),
+            "steps": c.step, "images": c.images, "outcome": outcome,
+            "images_per_second": c.timed_images / timed if timed else None,
+            "data_wait_fraction": c.timed_data_wait / timed if timed else None,
+            "data_wait_seconds": c.timed_data_wait, "compute_seconds": timed - c.timed_data_wait,
+            "warmup_seconds": c.warmup_seconds, "eval_seconds": c.eval_seconds,
+            "wall_seconds": self.elapsed(),
+            "pipeline": run.pipeline_name, "precision": run.precision, "compiled": run.compiled,
+            "channels_last": run.channels_last, "device": str(run.device),
+            "world_size": run.env.world_size, "global_batch_size": run.global_batch,
+            "peak_memory_bytes": peak_memory_bytes(run.device),
+            "model": self.config.model, "image_size": self.config.image_size,
+            "batch_size": self.config.batch_size, "accum_steps": self.config.accum_steps,
+            "lr": self.config.lr, "optimizer": self.config.optimizer,
+            "workers": run.threads.workers, "torch_threads": run.threads.torch_threads,
+            "decisions": run.decisions,
+        }
+        if self.main:
+            write_summary(run.run_dir, summary)
+            plot_curves(run.run_dir)
+            self.metrics.close()
+            print(f"done: {c.step} steps, val_accuracy "
+                  + (f"{val['val_accuracy']:.2%}" if val else "n/a")
+                  + (f", {summary['images_per_second']:,.0f} images/s" if timed else "")
+                  + f", {summary['wall_seconds']:.0f} s; results in {run.run_dir}", flush=True)
+        return summary
+
+
+def train(config: TrainConfig) -> dict:
+    """Runs training as `config` says; returns the summary (also written to summary.json)."""
+    started = time.perf_counter()
+    env = dist_env_from_environ()
+    try:
+        with contextlib.ExitStack() as cleanup:
+            trainer = Trainer(build_run(config, env, cleanup), started)
+            cleanup.callback(trainer.metrics.close)
+            cleanup.callback(trainer.progress.close)
+            return trainer.fit()
+    finally:
+        destroy_process_group(env)
