@@ -15,11 +15,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@$(MAKE) --no-print-directory apt-deps
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q --upgrade setuptools wheel
 	# torch first, pinned to the release this machine caps at (its wheels are on local disk).
 	$(PIP) install -q "torch==2.14.1" "torchvision==0.29.1" || $(PIP) install -q "torch>=2.4" torchvision
 	# FFCV's setup.py imports numpy and pkg-config at build time: build it against the venv's numpy.
-	$(PIP) install -q numpy cython
+	$(PIP) install -q numpy
 	$(PIP) install -q --no-build-isolation "ffcv==1.0.2" || echo "warning: FFCV did not build; --pipeline ffcv will be unavailable"
 	$(PIP) install -q -e ".[dali,ffcv,dev]"
 	touch $(STAMP)

@@ -100,51 +100,56 @@ def run_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- parser -------------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
+# -- dispatch ---------------------------------------------------------------------------------
+def _add_inspect_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", help="a prepared dataset folder")
+
+
+def _train_command():
+    from .train.cli import add_train_arguments, run_train
+    return add_train_arguments, run_train
+
+
+def _bench_command():
+    from .pipeline.bench import add_bench_arguments, run_bench
+    return add_bench_arguments, run_bench
+
+
+# name -> (one-line help, loader returning (add_arguments, run)). Loaders import lazily so that
+# `turbotrain prepare` never pays for importing torch (~1.5 s here) and `--help` stays instant.
+COMMANDS = {
+    "prepare": ("convert a raw image dataset into .beton files (alias: prepare-dataset)",
+                lambda: (add_prepare_arguments, run_prepare)),
+    "inspect": ("show what a prepared dataset holds",
+                lambda: (_add_inspect_arguments, run_inspect)),
+    "verify": ("check every checksum and decode every image",
+               lambda: (_add_inspect_arguments, run_verify)),
+    "train": ("train a model on a prepared dataset", _train_command),
+    "bench": ("images/s of each pipeline on a prepared dataset", _bench_command),
+}
+ALIASES = {"prepare-dataset": "prepare"}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; only `command`'s subparser gets its arguments (the others are listed)."""
     parser = argparse.ArgumentParser(prog="turbotrain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"turbotrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("prepare", aliases=["prepare-dataset"],
-                       help="convert a raw image dataset into .beton files")
-    add_prepare_arguments(p)
-    p.set_defaults(run=run_prepare)
-
-    p = sub.add_parser("inspect", help="show what a prepared dataset holds")
-    p.add_argument("out")
-    p.set_defaults(run=run_inspect)
-
-    p = sub.add_parser("verify", help="check every checksum and decode every image")
-    p.add_argument("out")
-    p.set_defaults(run=run_verify)
-
-    _add_optional_commands(sub)
+    for name, (help_text, load) in COMMANDS.items():
+        aliases = [a for a, target in ALIASES.items() if target == name]
+        p = sub.add_parser(name, aliases=aliases, help=help_text, description=help_text)
+        if name == command:
+            add_arguments, run = load()
+            add_arguments(p)
+            p.set_defaults(run=run)
     return parser
 
 
-def _add_optional_commands(sub) -> None:
-    """Commands whose modules may not exist yet in a partial checkout are added when present."""
-    try:
-        from .train.cli import add_train_arguments, run_train
-    except ImportError:
-        pass
-    else:
-        p = sub.add_parser("train", help="train a model on a prepared dataset")
-        add_train_arguments(p)
-        p.set_defaults(run=run_train)
-    try:
-        from .pipeline.bench import add_bench_arguments, run_bench
-    except ImportError:
-        pass
-    else:
-        p = sub.add_parser("bench", help="images/s of each pipeline on a prepared dataset")
-        add_bench_arguments(p)
-        p.set_defaults(run=run_bench)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    command = ALIASES.get(command, command)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     return args.run(args)
 
 

@@ -227,3 +227,17 @@ def test_inspect_and_verify(photo_folder, tmp_path):
     result = cli("verify", out, check=2)
     assert "checksum mismatch" in result.stderr
     assert cli("inspect", tmp_path / "nothing", check=2).stderr.count("\n") == 1
+
+
+def _die(bounds):
+    os._exit(3)
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_worker_is_an_error_not_a_hang(photo_folder, tmp_path, monkeypatch):
+    from turbotrain.datasets import prepare
+    monkeypatch.setattr(prepare, "_encode_range", _die)  # workers are forked: they see it
+    with pytest.raises(prepare.PrepareError, match="worker died"):
+        prepare.prepare_dataset(photo_folder, tmp_path / "ds",
+                                prepare.PrepareOptions(workers=2, progress=False))
+    assert not (tmp_path / "ds").exists()

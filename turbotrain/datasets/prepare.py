@@ -8,9 +8,13 @@ interrupted run (Ctrl-C, kill -9) never leaves anything that looks like a finish
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import multiprocessing
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 import os
 import shutil
 import signal
@@ -32,6 +36,7 @@ CHUNK = 16
 # Tasks in flight per worker: bounds memory (workers * 4 * CHUNK encoded images) while the
 # parent writes.
 IN_FLIGHT_PER_WORKER = 4
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class PrepareError(RuntimeError):
@@ -66,6 +71,16 @@ _WORKER_SPLIT = None
 _WORKER_OPTIONS: PrepareOptions | None = None
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the parent dies (even by SIGKILL), so a killed
+    conversion leaves no orphan workers behind holding the terminal's pipes open."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: a SIGKILLed parent may leave idle workers behind
+
+
 def _init_worker(split_source, options: PrepareOptions, in_pool: bool = False) -> None:
     global _WORKER_SPLIT, _WORKER_OPTIONS
     if in_pool:
@@ -73,6 +88,7 @@ def _init_worker(split_source, options: PrepareOptions, in_pool: bool = False) -
         # the parent's SIGTERM handler must not turn the pool's own shutdown into tracebacks.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _die_with_parent()
         # One OpenCV thread per worker: the pool already uses every core.
         import cv2
         cv2.setNumThreads(1)
@@ -114,16 +130,25 @@ def _encoded_chunks(split_source, options: PrepareOptions, workers: int):
             yield _encode_range(bounds)
         return
     # fork: workers inherit the (possibly large, array-backed) source without pickling it.
+    # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (OOM killer, a crash in
+    # a codec) raises BrokenProcessPool here instead of hanging the conversion forever.
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    ctx = multiprocessing.get_context(method)
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(split_source, options, True)) as pool:
-        pending = []
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+                               initializer=_init_worker, initargs=(split_source, options, True))
+    try:
+        pending = deque()
         next_chunk = 0
         while next_chunk < len(chunks) or pending:
             while next_chunk < len(chunks) and len(pending) < workers * IN_FLIGHT_PER_WORKER:
-                pending.append(pool.apply_async(_encode_range, (chunks[next_chunk],)))
+                pending.append(pool.submit(_encode_range, chunks[next_chunk]))
                 next_chunk += 1
-            yield pending.pop(0).get()
+            try:
+                yield pending.popleft().result()
+            except BrokenProcessPool as e:
+                raise PrepareError("an encoding worker died (out of memory?); retry with "
+                                   "fewer --workers or a smaller --max-side") from e
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _write_split(split_source, path: Path, options: PrepareOptions, workers: int,
