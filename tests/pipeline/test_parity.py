@@ -1,0 +1,188 @@
+"""Every pipeline against every other: nothing is trained or evaluated, only compared.
+
+For the same split, options and seed, `pytorch`, `resident`, `dali` and `ffcv` (all registered
+pipelines) must deliver the same labels in the same order, and images that agree:
+
+* evaluation: each pipeline's image of sample i vs ``ds.image(i)`` centre-cropped (the square of
+  side crop_ratio * min(h, w)) and resized to S with cv2 INTER_AREA. Tolerance: mean absolute
+  difference <= EVAL_TOLERANCE grey levels per image. What differs legitimately: the JPEG
+  decoder's IDCT (libjpeg-turbo accurate vs FFCV's fast IDCT, nvJPEG on GPUs: ~1 level), the
+  resize filter (cv2 INTER_LINEAR / INTER_AREA in `pytorch`, DALI's antialiased linear, FFCV's
+  INTER_AREA) and `resident`'s two-step resize (square -> S / crop_ratio -> centre crop).
+* training, photo-sized: `pytorch`, `dali` and `ffcv` use the same boxes and flips (augment.py),
+  so their images agree within TRAIN_TOLERANCE; `resident` draws its boxes on the centre square
+  it keeps (see resident.py), so only its labels are compared.
+* small images (pad-crop + flip, identity for eval): bit-exact across all pipelines.
+
+bench/gpu_check.py, which compares the pipelines against a synthetic-data bound on a GPU, is
+run here in its CPU smoke mode, with and without the optional engines.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from turbotrain.datasets import format as fmt
+from turbotrain.datasets import open_dataset
+from turbotrain.datasets.writer import BetonWriter
+from turbotrain.pipeline import augment, pipeline_names
+
+from .conftest import PHOTO_SIZES, build, photo_image, run_epoch
+
+pytestmark = pytest.mark.timeout(300)
+
+NAMES = pipeline_names()
+# Grey levels, mean |difference| per image (see the module docstring). Measured worst cases on
+# this split: eval dali 0.4, ffcv 0.9, pytorch 1.5, resident 3.2; train vs pytorch: dali 2.1,
+# ffcv 2.2 (resident 41: other boxes).
+EVAL_TOLERANCE = 4.0
+TRAIN_TOLERANCE = 3.5
+SAME_BOXES = {"pytorch", "dali", "ffcv"}  # pipelines that crop the stored pixels
+
+
+# -- references, also used by test_dali.py and test_ffcv.py ------------------------------------
+def reference(dataset, family: str, indices, *, seed: int, epoch: int, size: int):
+    """What the shared boxes mean, in numpy/cv2: crop (or reflect-pad-crop), resize, flip."""
+    import cv2
+    indices = np.asarray(indices)
+    boxes = augment.crop_boxes(family, seed=seed, epoch=epoch, indices=indices,
+                               heights=dataset.heights[indices], widths=dataset.widths[indices],
+                               image_size=size)
+    out = []
+    for k, i in enumerate(indices.tolist()):
+        top, left, h, w, flip = boxes.row(k)
+        image = dataset.image(i)
+        if family in (augment.PAD_CROP, augment.IDENTITY):
+            if image.shape[:2] != (size, size):
+                image = cv2.resize(image, (size, size), interpolation=cv2.INTER_AREA)
+            p = augment.SMALL_IMAGE_PADDING
+            padded = np.pad(image, ((p, p), (p, p), (0, 0)), mode="reflect")
+            crop = padded[top + p:top + p + h, left + p:left + p + w]
+        else:
+            crop = cv2.resize(image[top:top + h, left:left + w], (size, size),
+                              interpolation=cv2.INTER_AREA)
+        out.append(crop[:, ::-1] if flip else crop)
+    return np.stack(out)
+
+
+def write_mixed_split(path, count: int = 20) -> str:
+    """Every third sample raw, the rest JPEG, photo-sized; labels are the indices."""
+    import simplejpeg
+    with BetonWriter(path, count, page_size=fmt.MIN_PAGE_SIZE) as writer:
+        for i in range(count):
+            h, w = PHOTO_SIZES[i % len(PHOTO_SIZES)]
+            image = photo_image(i, h, w)
+            if i % 3 == 0:
+                writer.append(fmt.MODE_RAW, h, w, image.tobytes(), i)
+            else:
+                writer.append(fmt.MODE_JPEG, h, w, simplejpeg.encode_jpeg(image, quality=95), i)
+    return str(path)
+
+
+def options(size: int, train: bool) -> dict:
+    return dict(train=train, batch_size=8, image_size=size, seed=11, workers=2,
+                drop_last=False, device=torch.device("cpu"))
+
+
+def epoch_of(name: str, dataset, size: int, train: bool, epoch: int):
+    with build(name, dataset, **options(size, train)) as pipeline:
+        batches = run_epoch(pipeline, epoch)
+    images = torch.cat([b[0] for b in batches]).permute(0, 2, 3, 1).numpy()
+    labels = torch.cat([b[1] for b in batches]).numpy()
+    return images, labels
+
+
+@pytest.fixture(scope="module")
+def photo_runs(photo_path):
+    """{(name, train): (images NHWC, labels)} for epoch 1 of the photo split, 32 px."""
+    dataset = open_dataset(photo_path)
+    return {(name, train): epoch_of(name, dataset, 32, train, epoch=1)
+            for name in NAMES for train in (True, False)}
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_same_labels_in_the_same_order(train, photo_runs):
+    reference = photo_runs[("pytorch", train)][1]
+    assert len(reference) == 40
+    for name in NAMES:
+        assert photo_runs[(name, train)][1].tolist() == reference.tolist(), name
+
+
+def centre_crop_reference(dataset, i: int, size: int, crop_ratio: float = 0.875) -> np.ndarray:
+    import cv2
+    box = augment.centre_crop(dataset.heights[i:i + 1], dataset.widths[i:i + 1], crop_ratio)
+    top, left, h, w, _ = box.row(0)
+    crop = dataset.image(i)[top:top + h, left:left + w]
+    return cv2.resize(crop, (size, size), interpolation=cv2.INTER_AREA)
+
+
+def test_eval_images_agree_with_the_stored_image(photo_path, photo_runs):
+    dataset = open_dataset(photo_path)
+    worst = {}
+    for name in NAMES:
+        images, labels = photo_runs[(name, False)]
+        diffs = [np.abs(image.astype(np.float32) - centre_crop_reference(dataset, i, 32)).mean()
+                 for image, i in zip(images, labels.tolist())]
+        worst[name] = max(diffs)
+    assert all(d <= EVAL_TOLERANCE for d in worst.values()), worst
+
+
+def test_train_images_agree_where_boxes_are_shared(photo_runs):
+    names = sorted(SAME_BOXES & set(NAMES))
+    base = photo_runs[(names[0], True)][0].astype(np.float32)
+    for name in names[1:]:
+        per_image = np.abs(photo_runs[(name, True)][0] - base).mean(axis=(1, 2, 3))
+        assert per_image.max() <= TRAIN_TOLERANCE, (name, per_image.max())
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_small_images_are_identical_everywhere(train, small_path):
+    dataset = open_dataset(small_path)
+    runs = {name: epoch_of(name, dataset, 16, train, epoch=2) for name in NAMES}
+    images, labels = runs["pytorch"]
+    for name, (other_images, other_labels) in runs.items():
+        assert np.array_equal(other_labels, labels), name
+        assert np.array_equal(other_images, images), name
+
+
+# -- bench/gpu_check.py: the GPU script must at least run here, in its CPU smoke mode -------------
+GPU_CHECK = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+
+
+def run_gpu_check(tmp_path, prelude: str = "") -> dict:
+    """Runs the script in a child process (fresh DALI/FFCV/numba state); returns its JSON."""
+    out = tmp_path / "gpu_check.json"
+    code = (f"import runpy, sys\n{prelude}\nsys.argv = ['gpu_check.py', '--smoke', '--json', "
+            f"{str(out)!r}]\nrunpy.run_path({str(GPU_CHECK)!r}, run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "of bound" in done.stdout  # the table
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(300)
+def test_gpu_check_smoke_runs_on_cpu(tmp_path):
+    result = run_gpu_check(tmp_path)
+    measured = {row["pipeline"]: row for row in result["rows"]}
+    expected = {"synthetic", "pytorch", "resident", "torchvision-nvjpeg"}
+    expected |= {name for name in ("dali", "ffcv") if result["engines"][name]}
+    assert expected <= set(measured), measured
+    assert all(measured[name]["train"] > 0 for name in expected), measured
+
+
+@pytest.mark.timeout(300)
+def test_gpu_check_says_which_engines_are_missing(tmp_path):
+    """The GPU box has neither DALI nor FFCV (nor simplejpeg): it must say so and go on."""
+    hide = "for m in ('nvidia.dali', 'ffcv', 'simplejpeg'):\n    sys.modules[m] = None"
+    result = run_gpu_check(tmp_path, hide)
+    assert result["engines"]["dali"] is None and result["engines"]["ffcv"] is None
+    assert any("dali is MISSING" in note for note in result["notes"])
+    names = {row["pipeline"] for row in result["rows"] if not row.get("error")}
+    assert {"pytorch (cv2 decode)", "resident (cv2 decode)", "torchvision-nvjpeg"} <= names
