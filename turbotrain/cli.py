@@ -4,6 +4,8 @@
     turbotrain inspect OUT | verify OUT
     turbotrain train --data OUT ...    (also: train --data OUT ...)
     turbotrain bench --data OUT ...
+    turbotrain tune --data OUT ...     (the fastest train settings on this machine)
+    turbotrain info                    (versions, CPU/GPU features, what train would pick)
 
 Heavy packages (torch, cv2, DALI, FFCV) are imported inside each command, so `--help` and
 `prepare-dataset` start in a fraction of a second.
@@ -115,6 +117,21 @@ def _bench_command():
     return add_bench_arguments, run_bench
 
 
+def _tune_command():
+    from .train.tune import add_tune_arguments, run_tune
+    return add_tune_arguments, run_tune
+
+
+def _info_command():
+    from .train.info import add_info_arguments, run_info
+    return add_info_arguments, run_info
+
+
+def _demo_command():
+    from .demo import add_demo_arguments, run_demo
+    return add_demo_arguments, run_demo
+
+
 # name -> (one-line help, loader returning (add_arguments, run)). Loaders import lazily so that
 # `turbotrain prepare` never pays for importing torch (~1.5 s here) and `--help` stays instant.
 COMMANDS = {
@@ -126,6 +143,11 @@ COMMANDS = {
                lambda: (_add_inspect_arguments, run_verify)),
     "train": ("train a model on a prepared dataset", _train_command),
     "bench": ("images/s of each pipeline on a prepared dataset", _bench_command),
+    "demo": ("generate a sample dataset, prepare it and train on it", _demo_command),
+    "tune": ("find the fastest pipeline, workers and batch size for train on this machine",
+             _tune_command),
+    "info": ("versions, CPU/GPU features, usable pipelines and what train would pick here",
+             _info_command),
 }
 ALIASES = {"prepare-dataset": "prepare"}
 

@@ -123,6 +123,11 @@ class ResidentPipeline(OrderedPipeline):
                                       mirrored=self.layout.mirrored)
         else:
             self.crops = ResizedCrops(self.store, options.image_size, max(1, self.workers))
+        # CPU threads busy while batches are produced (the trainer's thread budget gives the
+        # rest to torch): only resized photo crops on a CPU device use them (cv2, per image);
+        # small-image gathers and everything on CUDA run in the training thread.
+        self.cpu_workers = (self.workers if self.device.type == "cpu" and not self.layout.small
+                            else 0)
         log.info("resident: %d images stored as %dx%d uint8 on %s (%s)", len(dataset),
                  self.layout.stored, self.layout.stored, self.device, _gib(self.layout.nbytes))
 

@@ -17,7 +17,8 @@ from .data import jpeg_fraction, open_pipeline, open_split, open_val_split
 from .device import (ThreadPlan, apply_torch_threads, available_cores, choose_channels_last,
                      choose_compile, choose_device, choose_precision, make_grad_scaler,
                      plan_threads)
-from .distributed import (DistEnv, broadcast_object, init_process_group, wrap_model)
+from .distributed import (DistEnv, broadcast_object, convert_sync_batchnorm,
+                          init_process_group, wrap_model)
 from .ema import ModelEMA
 from .errors import TrainError
 from .loop import StepEngine
@@ -65,7 +66,7 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
 
     device_choice = choose_device(config.device, env.local_rank)
     device = decide("device", device_choice.value, device_choice.reason)
-    init_process_group(env, device)
+    init_process_group(env, device, config.dist_timeout)
 
     train_data = open_split(config.data, "train")
     val_data, val_missing = open_val_split(config.data)
@@ -118,6 +119,8 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     run_dir = _prepare_run_dir(config, env)
     config = config.replace(out=str(run_dir))
     resume_state = ckpt.load_checkpoint(run_dir) if config.resume else None
+    if resume_state is not None:
+        _check_same_world_size(resume_state, env, run_dir)
     if env.is_main:
         save_yaml(config, run_dir / "config.yaml")
 
@@ -128,11 +131,16 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
         _data_init(model, train_pipeline, config)
     model.to(device, memory_format=torch.channels_last if channels_last else
              torch.contiguous_format)
-    ema = ModelEMA(model, config.ema_decay) if config.ema else None
+    if config.sync_bn:
+        model, why = convert_sync_batchnorm(model, env, device)
+        decide("sync_bn", env.enabled, why)
     train_model: nn.Module = model
     if compiled:
         train_model = torch.compile(train_model)
     train_model = wrap_model(train_model, env, device)
+    # After DDP's broadcast of rank 0's weights: a data-dependent init (data_init) differs
+    # across ranks, and every rank's EMA must start from the same weights.
+    ema = ModelEMA(model, config.ema_decay) if config.ema else None
 
     optimizer = build_optimizer(model, name=config.optimizer, lr=config.lr,
                                 weight_decay=config.weight_decay, momentum=config.momentum,
@@ -183,6 +191,17 @@ def _prepare_run_dir(config: TrainConfig, env: DistEnv) -> Path:
             (run_dir / name).unlink(missing_ok=True)
         shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
     return run_dir
+
+
+def _check_same_world_size(state: dict, env: DistEnv, run_dir: Path) -> None:
+    """The shards, the global batch (hence the LR and the schedule) and the position inside
+    the epoch all depend on the number of processes: a run continues only with the same."""
+    saved = state.get("world_size", 1)  # checkpoints from before it was recorded: one process
+    if saved != env.world_size:
+        launch = ("plain `train`" if saved == 1 else
+                  f"torchrun with {saved} processes in all (--nnodes x --nproc-per-node)")
+        raise TrainError(f"--resume: {run_dir} was trained by {saved} process(es) and this "
+                         f"launch has {env.world_size}; continue it with {launch}")
 
 
 def _set_determinism(config: TrainConfig, device: torch.device) -> None:

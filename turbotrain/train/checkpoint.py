@@ -65,7 +65,9 @@ def capture_rng() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(),
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # This rank's own GPU only: get_rng_state_all() visits every GPU of the node, creating
+        # a CUDA context (~0.5 GB) on each from each rank: 64 of them on an 8-GPU node.
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -74,7 +76,10 @@ def restore_rng(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        cuda = state["cuda"]
+        if isinstance(cuda, list):  # written before per-rank capture: one state per GPU
+            cuda = cuda[min(torch.cuda.current_device(), len(cuda) - 1)]
+        torch.cuda.set_rng_state(cuda)
 
 
 def seed_everything(seed: int) -> None:

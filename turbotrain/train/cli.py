@@ -5,7 +5,7 @@
     train --data OUT --model resnet18 --epochs 16 --batch-size 128 --accum-steps 2
     train --config run.yaml --lr 0.2              # flags win over the YAML file
     train --out RUNDIR --resume                   # continue exactly where it stopped
-    torchrun --nproc-per-node 8 -m turbotrain.cli train --data OUT   # one process per GPU
+    torchrun --nproc-per-node 8 -m turbotrain train --data OUT       # one process per GPU
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from .config import add_config_arguments, config_from_namespace
-from .errors import Interrupted, TrainError, TrainingDiverged
+from .errors import DistributedFailure, Interrupted, TrainError, TrainingDiverged
 
 PROG = "train"
 
@@ -46,7 +46,7 @@ def run_train(args: argparse.Namespace) -> int:
     except user_errors as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    except TrainingDiverged as exc:
+    except (TrainingDiverged, DistributedFailure) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except Interrupted as exc:

@@ -29,6 +29,7 @@ GROUPS = {
     "model": "Model",
     "optim": "Optimisation",
     "runtime": "Device, precision and threads",
+    "dist": "Several processes (under torchrun)",
     "run": "Run folder, checkpoints and logging",
 }
 
@@ -62,9 +63,15 @@ class TrainConfig:
     # -- optimisation
     epochs: int = _setting(10, "passes over the train split", "optim")
     batch_size: int | None = _setting(None, "micro-batch per rank; auto: by device and image "
-                                      "size", "optim")
+                                      "size (CUDA 256, CPU 64; 512/128 for images <= 64 px), "
+                                      "lowered to the largest that fits in memory, or with "
+                                      "--global-batch-size the largest divisor of it that fits",
+                                      "optim")
     accum_steps: int = _setting(1, "micro-batches per optimizer step (global batch = batch-size x "
                                 "accum-steps x world size)", "optim")
+    global_batch_size: int | None = _setting(None, "images per optimizer step over all ranks; "
+                                             "sets --accum-steps to G / (batch-size x ranks)",
+                                             "optim", shown="batch-size x accum-steps x ranks")
     lr: float | None = _setting(None, "peak learning rate; auto: the model's rate per 256 images, "
                                 "scaled with the global batch", "optim")
     optimizer: str = _setting("sgd", "sgd (Nesterov momentum) or adamw", "optim",
@@ -93,6 +100,16 @@ class TrainConfig:
     seed: int = _setting(0, "seed of the model init, data order and augmentation", "runtime")
     deterministic: bool = _setting(False, "torch.use_deterministic_algorithms (slower; exact "
                                    "reruns)", "runtime")
+    # -- several processes (torchrun sets RANK/WORLD_SIZE; a plain run ignores these)
+    sync_bn: bool = _setting(False, "SyncBatchNorm: BatchNorm statistics over the global batch, "
+                             "not each rank's share (CUDA only; helps below ~32 images per "
+                             "rank)", "dist")
+    # 300 s: far above the longest legitimate wait at a collective (rank 0 writing a ResNet-50
+    # checkpoint, ~200 MB, takes seconds; ranks compile and evaluate equal shares in step),
+    # yet a hung rank ends the job in 5 minutes instead of Gloo's default 30.
+    dist_timeout: int = _setting(300, "seconds a rank waits at a collective (gradient "
+                                 "all-reduce, barrier) before the job fails with an error; "
+                                 "raise it for very slow checkpoint storage", "dist")
     # -- run folder, checkpoints and logging
     out: str | None = _setting(None, "run folder; auto: runs/<dataset>-<model>-<time>", "run")
     resume: bool = _setting(False, "continue the run in --out from its last checkpoint", "run",
@@ -102,6 +119,9 @@ class TrainConfig:
     log_every: int = _setting(20, "log metrics every N optimizer steps", "run")
     tensorboard: bool = _setting(False, "also write TensorBoard scalars to RUNDIR/tensorboard",
                                  "run")
+    profile: bool = _setting(False, "torch.profiler over 10 optimizer steps after warm-up: "
+                             "RUNDIR/trace.json (ui.perfetto.dev) and RUNDIR/profile.txt (top "
+                             "operators by self time)", "run", saved=False)
     config: str | None = _setting(None, "YAML file that sets any of these flags (keys as the flag "
                                   "names); flags given here win", "run", saved=False, shown="none")
 
@@ -114,7 +134,8 @@ class TrainConfig:
             raise TrainError("--data is required (a folder written by prepare-dataset)")
         at_least = {"epochs": 1, "accum_steps": 1, "log_every": 1, "checkpoint_every": 0,
                     "batch_size": 1, "image_size": 8, "workers": 0, "threads": 1,
-                    "max_steps": 1, "warmup_steps": 0, "seed": 0}
+                    "max_steps": 1, "warmup_steps": 0, "seed": 0, "dist_timeout": 1,
+                    "global_batch_size": 1}
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is not None and value < low:

@@ -21,3 +21,10 @@ class Interrupted(RuntimeError):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+class DistributedFailure(RuntimeError):
+    """A collective between ranks failed or timed out (a rank died or hung, or the network
+    failed); every surviving rank says so and exits with code 1 instead of hanging."""
+
+    exit_code = 1

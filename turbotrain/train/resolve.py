@@ -36,16 +36,20 @@ def resolve_data_settings(config: TrainConfig, dataset, device_type: str, world_
 
     batch = config.batch_size
     if batch is None:
-        batch, reasons["batch_size"] = auto_batch_size(image_size, device_type)
+        batch, reasons["batch_size"] = fitting_batch_size(config, spec, dataset, image_size,
+                                                          device_type, world_size)
+    accum = config.accum_steps
+    if config.global_batch_size is not None:
+        accum, reasons["accum_steps"] = accum_for_global_batch(config, batch, world_size)
     per_step = batch * world_size
     if per_step > len(dataset):
         raise TrainError(f"--batch-size {batch} x {world_size} rank(s) = {per_step} is larger "
                          f"than the train split ({len(dataset)} images)")
-    if per_step * config.accum_steps > len(dataset):
-        raise TrainError(f"the global batch {per_step * config.accum_steps} (batch-size x "
+    if per_step * accum > len(dataset):
+        raise TrainError(f"the global batch {per_step * accum} (batch-size x "
                          f"accum-steps x ranks) is larger than the train split "
                          f"({len(dataset)} images)")
-    global_batch = per_step * config.accum_steps
+    global_batch = per_step * accum
 
     lr = config.lr
     if lr is None:
@@ -62,7 +66,7 @@ def resolve_data_settings(config: TrainConfig, dataset, device_type: str, world_
         reasons["weight_decay"] = (f"{spec.name}'s SGD decay" if config.optimizer == "sgd"
                                    else "AdamW's usual 0.05")
     resolved = config.replace(image_size=image_size, model=spec.name, batch_size=batch, lr=lr,
-                              weight_decay=weight_decay)
+                              weight_decay=weight_decay, accum_steps=accum)
     return Resolved(resolved, spec, reasons)
 
 
@@ -76,6 +80,71 @@ def auto_batch_size(image_size: int, device_type: str) -> tuple[int, str]:
         # large enough to use both cores), so the smaller batch gives twice the updates.
         return 128, "small images on CPU: per-image speed is flat from 128 up, more updates"
     return 64, "large images on CPU: 64 keeps a step under a few seconds"
+
+
+def fitting_batch_size(config: TrainConfig, spec: ModelSpec, dataset, image_size: int,
+                       device_type: str, world_size: int) -> tuple[int, str]:
+    """`--batch-size auto`: the preferred batch (the device default, or this rank's share of
+    --global-batch-size), lowered to the largest that fits in memory (batch_finder)."""
+    import torch
+
+    from .batch_finder import divisor_at_most, find_batch_size
+    from .device import choose_channels_last, choose_precision
+    from .models import build_model
+    preferred, why = auto_batch_size(image_size, device_type)
+    global_batch = config.global_batch_size
+    if global_batch is not None:
+        if global_batch % world_size:
+            raise TrainError(f"--global-batch-size {global_batch} is not a multiple of the "
+                             f"{world_size} ranks")
+        preferred = global_batch // world_size
+        why = f"--global-batch-size {global_batch} over {world_size} rank(s)"
+    limit = min(preferred, max(1, len(dataset) // world_size))
+    device = torch.device(device_type)
+    fit = find_batch_size(lambda: build_model(spec, dataset.num_classes), image_size=image_size,
+                          num_classes=dataset.num_classes, device=device,
+                          precision=choose_precision(config.precision, device).value,
+                          channels_last=choose_channels_last(config.channels_last,
+                                                             spec.conv).value,
+                          optimizer=config.optimizer, limit=limit,
+                          reserve_bytes=_resident_reserve(config, dataset, device, image_size))
+    if fit.batch_size < 1:
+        raise TrainError(f"not even one {image_size} px image fits in memory for {spec.name} "
+                         f"({fit.how}); try a smaller --image-size or --model")
+    batch = fit.batch_size
+    if global_batch is not None:
+        batch = divisor_at_most(preferred, batch)  # accumulation must add up to it exactly
+    if batch == preferred:
+        return batch, f"{why}; it fits ({fit.how})"
+    if fit.batch_size >= limit and limit < preferred:
+        return batch, f"{why}, but the train split has only {len(dataset)} images"
+    return batch, f"{why}, but {preferred} does not fit: {batch} is the largest that does " \
+                  f"({fit.how})"
+
+
+def _resident_reserve(config: TrainConfig, dataset, device, image_size: int) -> int:
+    """Memory the resident store will hold when the pipeline will be resident (it is decoded
+    after the batch is chosen, so the finder leaves it room)."""
+    if config.pipeline not in ("auto", "resident"):
+        return 0
+    from turbotrain.pipeline import PipelineOptions
+    from turbotrain.pipeline.resident import memory_budget, resident_bytes
+    need = resident_bytes(dataset, PipelineOptions(train=True, batch_size=1,
+                                                   image_size=image_size, device=device))
+    return need if need <= memory_budget(device)[0] else 0
+
+
+def accum_for_global_batch(config: TrainConfig, batch: int, world_size: int) -> tuple[int, str]:
+    """`--global-batch-size G`: accum-steps = G / (batch-size x ranks), which must be whole."""
+    global_batch, per_step = config.global_batch_size, batch * world_size
+    if global_batch % per_step:
+        raise TrainError(f"--global-batch-size {global_batch} is not a multiple of batch-size "
+                         f"{batch} x {world_size} rank(s) = {per_step}")
+    accum = global_batch // per_step
+    if config.accum_steps not in (1, accum):
+        raise TrainError(f"--accum-steps {config.accum_steps} contradicts --global-batch-size "
+                         f"{global_batch} = {batch} x {world_size} rank(s) x {accum}; give one")
+    return accum, f"--global-batch-size {global_batch} = {batch} x {world_size} rank(s) x {accum}"
 
 
 def resolve_schedule(config: TrainConfig, steps_per_epoch: int) -> tuple[TrainConfig, int, dict]:

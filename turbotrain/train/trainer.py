@@ -3,15 +3,17 @@
     from turbotrain.train import TrainConfig, train
     summary = train(TrainConfig(data="OUT", epochs=2))
 
-Timing: data wait is the time blocked in `next(iterator)`; the rest of a step is compute. On
-CUDA the device is synchronised at log points, so each window's wall time is the GPU's too. The
-first optimizer steps of a process (compile, allocator and oneDNN/cuDNN warm-up) and evaluation
-are kept out of images/s.
+Timing: data wait is the time blocked in `next(iterator)` (on CUDA: the GPU's idle time before
+each batch, from CUDA events; see monitor.py and profiling.py); the rest of a step is compute.
+On CUDA the device is synchronised at log points, so each window's wall time is the GPU's too.
+The first optimizer steps of a process (compile, allocator and oneDNN/cuDNN warm-up) and
+evaluation are kept out of images/s. The end of a run prints the bottleneck verdict (doctor.py).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import signal
 import time
 from dataclasses import dataclass
@@ -21,9 +23,12 @@ import torch
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .device import peak_memory_bytes
-from .distributed import barrier, destroy_process_group, dist_env_from_environ
-from .errors import Interrupted, TrainingDiverged
+from .distributed import (barrier, destroy_process_group, dist_env_from_environ,
+                          explain_collective_failure, is_collective_failure, max_over_ranks,
+                          mean_loss_and_any_stop, report_collective_failures_before_sigterm)
+from .errors import DistributedFailure, Interrupted, TrainingDiverged
 from .loop import evaluate, parameters_finite
+from .monitor import RunMonitor
 from .progress import Progress
 from .report import MetricsLog, plot_curves, write_summary
 from .builder import Run, build_run
@@ -69,6 +74,9 @@ class Trainer:
         # Steps whose time is warm-up: the first eager step builds oneDNN/cuDNN plans; compiled
         # models also compile the backward on the second.
         self.warmup_steps = 2 if run.compiled else 1
+        # Step timing (device-honest data wait vs compute), --profile, timeline and verdict.
+        self.monitor = RunMonitor(run.device, run.run_dir, warmup_steps=self.warmup_steps,
+                                  profile=self.config.profile, writes_files=self.main)
         self._reset_timing_window()
         self.pipeline_state = None
         if run.resume_state is not None:
@@ -109,33 +117,41 @@ class Trainer:
             self.pipeline_state = None
         iterator = iter(pipeline)
         self._reset_timing_window()
+        self.monitor.epoch_started(c.step)
         while c.micro_in_epoch < micro_total:
-            wait_start = time.perf_counter()
             try:
-                images, labels = next(iterator)
+                with self.monitor.waiting():
+                    images, labels = next(iterator)
             except StopIteration:
                 break
-            self.window_data_wait += time.perf_counter() - wait_start
             will_step = (c.micro_in_epoch + 1) % k == 0
             self.loss_window += engine.micro_step(images, labels, will_step)
             c.micro_in_epoch += 1
             self.window_images += labels.shape[0] * run.env.world_size
             if not will_step:
+                self.monitor.computed()
                 continue
             engine.optimizer_step()
             c.step += 1
+            self.monitor.step_done(c.step, labels.shape[0] * run.env.world_size * k)
             c.window_steps += 1
             self.window_steps += 1
             self.process_steps += 1
             if self.process_steps <= self.warmup_steps:
                 self._end_warmup_step()
             end_of_epoch = c.micro_in_epoch >= micro_total
+            stopping = stop.requested
             if c.step % self.config.log_every == 0 or end_of_epoch or c.step >= run.total_steps:
-                self._log_step()
-            if stop.requested:
+                stopping = self._log_step(stop.requested)
+            elif run.env.enabled:
+                # Ranks must stop at the same step (the checkpoint ends in a barrier), so with
+                # several a signal is acted on at the next log point, where they agree on it.
+                stopping = False
+            if stopping:
                 self._checkpoint()
-                name = signal.Signals(stop.signum).name
-                raise Interrupted(stop.signum, f"stopped by {name} at step {c.step}; checkpoint "
+                signum = stop.signum or signal.SIGTERM  # None: the signal came to another rank
+                name = signal.Signals(signum).name
+                raise Interrupted(signum, f"stopped by {name} at step {c.step}; checkpoint "
                                   f"in {run.run_dir}; continue with --out {run.run_dir} --resume")
             if self.config.checkpoint_every and c.step % self.config.checkpoint_every == 0 \
                     and not end_of_epoch:
@@ -163,6 +179,7 @@ class Trainer:
         self.window_start = time.perf_counter()
         self.window_images = 0
         self.window_data_wait = 0.0
+        self.monitor.reset_window()
         self.window_steps = 0
 
     def _sync(self) -> None:
@@ -179,7 +196,14 @@ class Trainer:
         """Adds the timing window to the totals; returns its (images/s, data-wait fraction)."""
         self._sync()
         c = self.counters
-        seconds = time.perf_counter() - self.window_start
+        # Wall time less any profiler export; on CUDA the data wait is the GPU's idle time.
+        window = self.monitor.flush()
+        seconds = window.seconds
+        self.window_data_wait = window.data_wait
+        # The slowest rank's loader sets the pace (the others wait for it inside the gradient
+        # all-reduce, which counts as compute), so a window's data wait is the largest one.
+        self.window_data_wait = max_over_ranks(self.window_data_wait, self.run.env,
+                                               self.run.device)
         c.timed_seconds += seconds
         c.timed_images += self.window_images
         c.timed_steps += self.window_steps
@@ -198,13 +222,17 @@ class Trainer:
         c = self.counters
         return c.epoch + c.micro_in_epoch / (self.run.steps_per_epoch * self.config.accum_steps)
 
-    def _log_step(self) -> None:
+    def _log_step(self, stop_requested: bool = False) -> bool:
+        """Logs the window's metrics (reduced across ranks); returns whether any rank was asked
+        to stop (SIGTERM/SIGINT)."""
         c = self.counters
         rate, wait = self._flush_timing()
-        loss = float(self.loss_window) / max(1, c.window_steps)
+        loss_sum, stopping = mean_loss_and_any_stop(self.loss_window, stop_requested,
+                                                    self.run.env)
+        loss = loss_sum / max(1, c.window_steps)
         if torch.isfinite(torch.tensor(loss)):
             c.bad_windows = 0
-            c.epoch_loss_sum += float(self.loss_window)
+            c.epoch_loss_sum += loss_sum
             c.epoch_steps += c.window_steps
         else:
             c.bad_windows += 1
@@ -216,11 +244,12 @@ class Trainer:
         self.metrics.write({"kind": "step", "epoch": c.epoch, "epoch_float": self._epoch_float(),
                             "step": c.step, "loss": loss, "lr": self.run.engine.lr,
                             "images_per_second": rate, "data_wait_fraction": wait,
-                            "time": self.elapsed()})
+                            **self.monitor.window_record(), "time": self.elapsed()})
         mean_step = c.timed_seconds / c.timed_steps if c.timed_steps else 0.0
         self.progress.update(epoch=c.epoch, epochs=self.config.epochs, step=c.step, loss=loss,
                              images_per_second=rate, data_wait_fraction=wait,
                              eta_seconds=mean_step * (self.run.total_steps - c.step))
+        return stopping
 
     def _diverged(self, what: str) -> None:
         c = self.counters
@@ -279,6 +308,7 @@ class Trainer:
                 "counters": dataclasses.asdict(counters),
                 "loss_window": self.loss_window.detach().cpu().clone(),
                 "config": self.config.to_saved_dict(),
+                "world_size": run.env.world_size,
             }, ckpt.checkpoint_path(run.run_dir))
         c.last_checkpoint_step = c.step
         barrier(run.env)
@@ -319,6 +349,7 @@ class Trainer:
                           "ema_val_accuracy": ema_eval["val_accuracy"]}
             self.progress.message(f"EMA weights: val_accuracy {ema_eval['val_accuracy']:.2%}")
         self.progress.close()
+        diagnosis, monitor_files = self.monitor.finish(run)
         val = c.val or {}
         timed = c.timed_seconds
         summary = {
@@ -340,8 +371,11 @@ class Trainer:
             "lr": self.config.lr, "optimizer": self.config.optimizer,
             "workers": run.threads.workers, "torch_threads": run.threads.torch_threads,
             "decisions": run.decisions,
+            **self.monitor.memory(), "diagnosis": diagnosis.as_dict(),
         }
         if self.main:
+            for line in diagnosis.lines() + [f"wrote {path}" for path in monitor_files]:
+                print(line, flush=True)
             write_summary(run.run_dir, summary)
             plot_curves(run.run_dir)
             self.metrics.close()
@@ -356,11 +390,27 @@ def train(config: TrainConfig) -> dict:
     """Runs training as `config` says; returns the summary (also written to summary.json)."""
     started = time.perf_counter()
     env = dist_env_from_environ()
+    run_dir = config.out
     try:
         with contextlib.ExitStack() as cleanup:
-            trainer = Trainer(build_run(config, env, cleanup), started)
+            run = build_run(config, env, cleanup)
+            # DDP holds the process group, and its hooks form reference cycles: drop it here and
+            # collect it below while the interpreter is alive; left to the exit, Gloo's threads
+            # abort it ("terminate called without an active exception", 3 of 16 2-rank runs).
+            cleanup.callback(setattr, run.engine, "model", None)
+            run_dir = run.run_dir
+            trainer = Trainer(run, started)
             cleanup.callback(trainer.metrics.close)
             cleanup.callback(trainer.progress.close)
+            cleanup.callback(trainer.monitor.close)
+            cleanup.push(report_collective_failures_before_sigterm(env))  # runs first
             return trainer.fit()
+    except RuntimeError as exc:
+        if not (env.enabled and is_collective_failure(exc)):
+            raise
+        raise DistributedFailure(explain_collective_failure(exc, env, config.dist_timeout,
+                                                            run_dir)) from None
     finally:
+        if env.enabled:
+            gc.collect()
         destroy_process_group(env)

@@ -1,0 +1,123 @@
+"""The batch finder: its search (with simulated out-of-memory errors, as on a GPU), the CPU
+memory estimate, and `--batch-size auto` / `--global-batch-size` in `train`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from turbotrain.train import batch_finder as bf
+from turbotrain.train.models import build_model, get_model_spec
+
+from .conftest import FAST
+
+CPU = torch.device("cpu")
+
+
+def tiny_model():
+    return build_model(get_model_spec("compact28"), 4)
+
+
+@pytest.mark.parametrize("largest, limit, expected", [
+    (37, 4096, 32),  # bisected, rounded down to a multiple of 8
+    (5, 64, 5),  # small answers are kept as they are
+    (300, 256, 256),  # the limit fits: one trial
+    (0, 64, 0),  # not even one image
+])
+def test_search_finds_the_largest_batch_that_fits(largest, limit, expected):
+    tried = []
+
+    def fits(batch):
+        tried.append(batch)
+        return batch <= largest
+
+    assert bf.largest_fitting(fits, limit) == expected
+    assert len(tried) <= 2 + limit.bit_length()
+    if largest >= limit:
+        assert tried == [limit]
+
+
+def test_trial_steps_recover_from_out_of_memory(monkeypatch):
+    trial = bf.TrialSteps(tiny_model, image_size=16, num_classes=4, device=CPU,
+                          precision="fp32", channels_last=True, optimizer="sgd")
+    real_steps = trial._steps
+    released = []
+    monkeypatch.setattr(bf, "release_memory", lambda device: released.append(device))
+
+    def steps(batch):  # a GPU with room for 20 images
+        if batch > 20:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        real_steps(batch)
+
+    monkeypatch.setattr(trial, "_steps", steps)
+    assert bf.largest_fitting(trial.fits, 64) == 16  # 20, rounded down to a multiple of 8
+    assert released and all(ok == (b <= 20) for b, ok in trial.trials)
+    # Other errors are not mistaken for a full GPU.
+    monkeypatch.setattr(trial, "_steps", lambda b: (_ for _ in ()).throw(RuntimeError("bad")))
+    with pytest.raises(RuntimeError, match="bad"):
+        trial.fits(8)
+
+
+def test_cpu_estimate_grows_with_pixels_and_respects_the_budget():
+    fixed, small = bf.estimate_cpu_bytes(tiny_model, image_size=16, precision="fp32",
+                                         channels_last=True, optimizer="sgd")
+    _, large = bf.estimate_cpu_bytes(tiny_model, image_size=32, precision="fp32",
+                                     channels_last=True, optimizer="sgd")
+    assert fixed > 0 and 3 * small < large < 5 * small  # 4x the pixels
+    budget = int(fixed + 40.5 * small)
+    fit = bf.find_batch_size(tiny_model, num_classes=4, image_size=16, device=CPU,
+                             precision="fp32", channels_last=True, limit=4096,
+                             budget_bytes=budget)
+    assert fit.batch_size == 40 and "MiB per image" in fit.how
+    # ... and that batch size works: two real training steps run at it.
+    trial = bf.TrialSteps(tiny_model, image_size=16, num_classes=4, device=CPU,
+                          precision="fp32", channels_last=True, optimizer="sgd")
+    assert trial.fits(fit.batch_size)
+
+
+def test_divisor_for_a_global_batch():
+    assert bf.divisor_at_most(1024, 300) == 256
+    assert bf.divisor_at_most(96, 40) == 32
+    assert bf.divisor_at_most(7, 5) == 1
+
+
+def test_global_batch_size_sets_the_accumulation(train_cli, tiny_dataset, tmp_path):
+    out = tmp_path / "run"
+    code, stdout, err = train_cli("--data", tiny_dataset, "--out", out, "--epochs", 1,
+                                  "--batch-size", 16, "--global-batch-size", 48, *FAST)
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["accum_steps"] == 3 and summary["global_batch_size"] == 48
+    assert "accum_steps: 3: --global-batch-size 48 = 16 x 1 rank(s) x 3" in stdout
+
+
+def test_auto_batch_with_a_global_batch(train_cli, tiny_dataset, tmp_path, monkeypatch):
+    # A memory budget with room for 20 images: the micro-batch becomes 16 (a multiple of 8 and
+    # a divisor of 48), and accumulation makes up the rest.
+    real = bf.find_batch_size
+
+    def tight(build, **k):
+        fixed, per_image = bf.estimate_cpu_bytes(
+            build, image_size=k["image_size"], precision=k["precision"],
+            channels_last=k["channels_last"], optimizer=k["optimizer"])
+        return real(build, **k, budget_bytes=int(fixed + 20.5 * per_image))
+
+    monkeypatch.setattr(bf, "find_batch_size", tight)
+    out = tmp_path / "run"
+    code, stdout, err = train_cli("--data", tiny_dataset, "--out", out, "--epochs", 1,
+                                  "--batch-size", "auto", "--global-batch-size", 48, *FAST)
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["batch_size"], summary["accum_steps"]) == (16, 3)
+    assert "but 48 does not fit: 16 is the largest that does" in stdout
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--batch-size", 16, "--global-batch-size", 40), "not a multiple of batch-size 16"),
+    (("--batch-size", 16, "--global-batch-size", 48, "--accum-steps", 2), "contradicts"),
+])
+def test_inconsistent_batch_flags_are_one_line_errors(train_cli, tiny_dataset, tmp_path, flags,
+                                                      message):
+    code, _, err = train_cli("--data", tiny_dataset, "--out", tmp_path / "run", *flags, *FAST)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,73 @@
+"""`turbotrain tune` (a tiny, few-second sweep over the in-test pipelines) and `turbotrain info`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from turbotrain.cli import main as turbotrain_main
+from turbotrain.train import batch_finder as bf
+from turbotrain.train.tune import worker_counts
+
+
+def run(capsys, *args):
+    code = turbotrain_main([*map(str, args)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.timeout(60)
+def test_tune_sweeps_pipelines_and_recommends_a_train_command(capsys, tiny_dataset):
+    code, out, err = run(capsys, "tune", "--data", tiny_dataset, "--pipeline", "test-memory",
+                         "test-slow", "--workers", 1, "--budget-seconds", 3, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    rows = {r["pipeline"]: r for r in result["rows"]}
+    assert set(rows) == {"test-memory", "test-slow"}
+    # test-slow sleeps 50 ms a batch: slower alone, and the model waits for it.
+    assert rows["test-memory"]["loader_images_per_second"] > \
+        rows["test-slow"]["loader_images_per_second"]
+    assert result["best"]["pipeline"] == "test-memory"
+    assert result["largest_fitting"] >= 1 and result["batch_size"] <= result["largest_fitting"]
+    command = result["command"]
+    assert command.startswith(f"turbotrain train --data {tiny_dataset} --pipeline test-memory")
+    assert f"--batch-size {result['batch_size']}" in command
+
+
+def test_tune_reaches_a_global_batch_with_accumulation(capsys, tiny_dataset, monkeypatch):
+    real = bf.find_batch_size
+    monkeypatch.setattr(bf, "find_batch_size",  # a device with room for 16 images
+                        lambda build, **k: real(build, **{**k, "limit": min(k["limit"], 16)}))
+    code, out, err = run(capsys, "tune", "--data", tiny_dataset, "--pipeline", "test-memory",
+                         "--workers", 1, "--budget-seconds", 1, "--global-batch-size", 64)
+    assert code == 0, err
+    assert "--batch-size 16 --accum-steps 4" in out
+    assert "largest micro-batch that fits: 16" in out and "test-memory" in out
+
+
+def test_tune_user_errors(capsys, tmp_path, tiny_dataset):
+    code, _, err = run(capsys, "tune", "--data", tmp_path / "missing")
+    assert code == 2 and err.startswith("turbotrain tune: error:")
+    code, _, err = run(capsys, "tune", "--data", tiny_dataset, "--budget-seconds", 0)
+    assert code == 2 and "--budget-seconds" in err
+
+
+def test_worker_counts_split_the_cores():
+    assert worker_counts(2, "cpu") == [1]
+    assert worker_counts(16, "cpu") == [1, 4, 8, 15]
+    assert worker_counts(16, "cuda") == [4, 8, 15]
+
+
+def test_info_reports_versions_hardware_pipelines_and_picks(capsys, tiny_dataset):
+    code, out, err = run(capsys, "info", "--data", tiny_dataset, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert {"torch", "torchvision", "DALI", "FFCV", "Pillow"} <= set(info["versions"])
+    assert info["cpu"]["cores usable"] >= 1 and "native bf16" in info["cpu"]
+    assert info["pipelines"]["pytorch"] == "usable"
+    picks = info["train would pick"]
+    for key in ("device", "precision", "compile", "threads, JPEG data", "image size", "model",
+                "batch size", "pipeline"):
+        assert ": " in picks[key], key  # a value and its reason
+    code, text, _ = run(capsys, "info")
+    assert code == 0 and "train would pick:" in text and "precision" in text

@@ -1,0 +1,140 @@
+"""`RunMonitor`: the trainer's one handle on step timing, memory peaks, the `--profile` trace
+window, the timeline picture and the doctor's verdict.
+
+The trainer calls, per micro-batch, `with monitor.waiting(): next(iterator)` and then
+`monitor.computed()` (or `monitor.step_done(...)` after an optimizer step); per log window
+`reset_window()` / `flush()` around its own synchronize; and `finish(run)` at the end.
+Totals cover the timed steps of this process (warm-up excluded, like images/s).
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+from .doctor import Diagnosis, diagnose, facts_of_run
+from .profiling import (StepClock, TraceWindow, WindowTimes, device_memory_bytes,
+                        peak_device_memory_bytes, peak_host_memory_bytes)
+from .timeline import TIMELINE_NAME, StepTimeline
+
+# Optimizer steps `--profile` records: enough to see a steady pattern, small enough for a trace
+# that Perfetto opens instantly (~2-20 MB).
+PROFILE_STEPS = 10
+
+
+class RunMonitor:
+    def __init__(self, device: torch.device, run_dir: str | Path, *, warmup_steps: int,
+                 profile: bool = False, writes_files: bool = True):
+        self.device = device
+        self.run_dir = Path(run_dir)
+        self.writes_files = writes_files
+        self.clock = StepClock(device)
+        self.timeline = StepTimeline()
+        # Trace the steps right after warm-up (compile and allocator warm-up would drown
+        # the steady pattern); only the rank that writes files profiles.
+        self.trace = (TraceWindow(self.run_dir, device, first_step=warmup_steps + 1,
+                                  steps=PROFILE_STEPS) if profile and writes_files else None)
+        self.process_step = 0  # optimizer steps done by this process
+        self.seconds = self.data_wait = self.compute = 0.0
+        self.steps = self.images = 0
+        self._window_images = 0
+        self._probes: list[float] = []
+        self.last_window: WindowTimes | None = None
+
+    # ------------------------------------------------------------------ the hot loop
+
+    @contextlib.contextmanager
+    def waiting(self):
+        if self.trace is not None:
+            with self.clock.untimed():  # starting the profiler takes ~10-100 ms
+                self.trace.before_step(self.process_step + 1)
+            with self.trace.data_range(), self.clock.waiting():
+                yield
+        else:
+            with self.clock.waiting():
+                yield
+
+    def computed(self) -> None:
+        """A micro-batch that does not end in an optimizer step has been queued."""
+        self.clock.computed()
+
+    def step_done(self, step: int, images: int) -> None:
+        """Optimizer step `step` (the run's count) is queued; `images` went into it."""
+        self.clock.computed(step)
+        self.process_step += 1
+        self._window_images += images
+        if self.trace is not None:
+            recording = self.trace.active
+            with self.clock.untimed():  # the last profiled step exports the trace (~0.1-1 s)
+                self.trace.after_step(self.process_step)
+            if recording:  # the timeline shades the profiled steps
+                first = self.timeline.profiled[0] if self.timeline.profiled else step
+                self.timeline.profiled = (first, step)
+
+    def epoch_started(self, step: int) -> None:
+        self.timeline.mark_epoch(step + 1)
+
+    # ------------------------------------------------------------------ windows
+
+    def reset_window(self) -> None:
+        """An untimed stretch (warm-up, evaluation, checkpoint) ended; the device is idle."""
+        self.clock.reset()
+        self._window_images = 0
+
+    def flush(self) -> WindowTimes:
+        """After the caller's synchronize: adds the window's timed steps to the totals."""
+        window = self.last_window = self.clock.flush()
+        if window.steps:
+            self.seconds += window.seconds
+            self.data_wait += window.data_wait
+            self.compute += window.compute
+            self.steps += len(window.steps)
+            self.images += self._window_images
+            self.timeline.add(window.steps)
+            if window.host_issue_fraction is not None:
+                self._probes.append(window.host_issue_fraction)
+        self._window_images = 0
+        return window
+
+    def window_record(self) -> dict:
+        """The last flushed window for metrics.jsonl: mean ms per step and memory peaks."""
+        window, record = self.last_window, {}
+        if window is not None and window.steps:
+            n = len(window.steps)
+            record = {"data_wait_ms": 1000 * window.data_wait / n,
+                      "compute_ms": 1000 * window.compute / n}
+        return {**record, **self.memory()}
+
+    def memory(self) -> dict:
+        return {"peak_host_memory_bytes": peak_host_memory_bytes(),
+                "peak_device_memory_bytes": peak_device_memory_bytes(self.device)}
+
+    def totals(self) -> dict:
+        probes = sorted(self._probes)
+        return {"seconds": self.seconds, "data_wait": self.data_wait, "compute": self.compute,
+                "steps": self.steps, "images": self.images,
+                # The median: one window's probe can catch a GC pause or a checkpoint's I/O.
+                "host_issue_fraction": probes[len(probes) // 2] if probes else None,
+                "peak_device_memory": peak_device_memory_bytes(self.device),
+                "device_memory": device_memory_bytes(self.device)}
+
+    # ------------------------------------------------------------------ the end
+
+    def finish(self, run) -> tuple[Diagnosis, list[Path]]:
+        """Stops a running trace; writes timeline.png; returns the verdict and the files."""
+        files = self.trace.stop() if self.trace is not None else []
+        diagnosis = diagnose(facts_of_run(run, self.totals()))
+        if self.writes_files:
+            title = f"{run.config.model}, {run.pipeline_name} pipeline, batch " \
+                    f"{run.config.batch_size} on {self.device}"
+            picture = self.timeline.plot(self.run_dir / TIMELINE_NAME, title)
+            if picture is not None:
+                files = [*files, picture]
+        return diagnosis, list(files)
+
+    def close(self) -> None:
+        """Stops a trace left running by an error; safe to call twice."""
+        if self.trace is not None and self.trace.active:
+            self.trace.profiler.stop()
+            self.trace.profiler = None

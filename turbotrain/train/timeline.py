@@ -1,0 +1,102 @@
+"""RUNDIR/timeline.png: per-step data wait vs compute, stacked, over the whole run.
+
+A stall (the loader refilling at an epoch start, a slow disk, a checkpoint's page-cache
+eviction) shows up as a red spike above the blue compute band. Epoch starts are dotted lines.
+
+Memory stays bounded on long runs: at most MAX_POINTS buckets are kept; when full, neighbours
+merge (each bucket then averages twice as many steps), so a 1 M-step run costs the same few
+hundred KB as a 4 k-step one. A resumed run's timeline covers the steps of its own process.
+"""
+from __future__ import annotations
+
+from array import array
+from pathlib import Path
+
+from .profiling import StepTime
+
+TIMELINE_NAME = "timeline.png"
+MAX_POINTS = 4096  # buckets kept; ~2x a figure's pixel width, so merging is never visible
+
+
+class StepTimeline:
+    def __init__(self, max_points: int = MAX_POINTS):
+        self.max_points = max(2, max_points)
+        self.per_bucket = 1  # steps merged into one bucket
+        self.first_step = array("q")  # step number of each bucket's first step
+        self.data_wait = array("d")  # seconds summed over the bucket's steps
+        self.compute = array("d")
+        self.counts = array("q")
+        self.epoch_starts: list[int] = []  # step numbers
+        self.profiled: tuple[int, int] | None = None  # (first, last) profiled step
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def add(self, steps: list[StepTime]) -> None:
+        for s in steps:
+            if self._last_full() and len(self.counts) >= self.max_points:
+                self._halve()
+            if self._last_full():
+                self.first_step.append(s.step)
+                self.data_wait.append(0.0)
+                self.compute.append(0.0)
+                self.counts.append(0)
+            self.data_wait[-1] += s.data_wait
+            self.compute[-1] += s.compute
+            self.counts[-1] += 1
+
+    def _last_full(self) -> bool:
+        return not self.counts or self.counts[-1] >= self.per_bucket
+
+    def _halve(self) -> None:
+        """Merges buckets pairwise: half the points, twice the steps per bucket."""
+        self.per_bucket *= 2
+        columns = (self.first_step, self.data_wait, self.compute, self.counts)
+        merged = [array(c.typecode) for c in columns]
+        for i in range(0, len(self.counts), 2):
+            j = min(i + 1, len(self.counts) - 1)
+            merged[0].append(self.first_step[i])
+            for k in (1, 2, 3):
+                merged[k].append(columns[k][i] + (columns[k][j] if j != i else 0))
+        self.first_step, self.data_wait, self.compute, self.counts = merged
+
+    def mark_epoch(self, step: int) -> None:
+        if not self.epoch_starts or self.epoch_starts[-1] != step:
+            self.epoch_starts.append(step)
+
+    def plot(self, path: str | Path, title: str = "") -> Path | None:
+        """Writes the picture; None when no timed step was recorded."""
+        if not self.counts:
+            return None
+        import matplotlib
+        matplotlib.use("Agg")  # no display needed; safe in CI and under torchrun
+        import matplotlib.pyplot as plt
+
+        # Mean milliseconds per step in each bucket, drawn as steps (one flat segment a bucket).
+        x = list(self.first_step)
+        wait = [1000 * w / n for w, n in zip(self.data_wait, self.counts)]
+        compute = [1000 * c / n for c, n in zip(self.compute, self.counts)]
+        total = [w + c for w, c in zip(wait, compute)]
+        x.append(x[-1] + self.counts[-1])
+        wait.append(wait[-1])
+        total.append(total[-1])
+        fig, ax = plt.subplots(figsize=(11, 4), constrained_layout=True)
+        ax.fill_between(x, 0, wait, step="post", color="C3", alpha=0.85,
+                        label="waiting for data")
+        ax.fill_between(x, wait, total, step="post", color="C0", alpha=0.7,
+                        label="forward + backward + step")
+        for i, step in enumerate(self.epoch_starts):
+            ax.axvline(step, color="0.4", ls=":", lw=1, label="epoch start" if i == 0 else None)
+        if self.profiled is not None:
+            ax.axvspan(self.profiled[0], self.profiled[1] + 1, color="C2", alpha=0.15,
+                       label="profiled (--profile)")
+        steps_note = f", {self.per_bucket} steps per point" if self.per_bucket > 1 else ""
+        ax.set(xlabel="optimizer step", ylabel="ms per step",
+               title=(title + steps_note) if title else steps_note.lstrip(", "))
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
+        path = Path(path)
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        return path
