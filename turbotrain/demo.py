@@ -24,7 +24,7 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
                    help="training images per class (10 classes; default 300)")
     p.add_argument("--val-per-class", type=int, default=50,
                    help="validation images per class (default 50)")
-    p.add_argument("--size", default="320x240", help="image size WxH (default 320x240)")
+    p.add_argument("--size", default="256x256", help="image size WxH (default 256x256)")
     p.add_argument("--epochs", type=int, default=None,
                    help="training epochs (default: the demo's, enough for >= 90%% accuracy)")
     p.add_argument("--train-arg", action="append", default=[], metavar="FLAG",

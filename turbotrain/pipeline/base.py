@@ -45,6 +45,9 @@ class PipelineOptions:
     workers: int | None = None  # None: from the thread budget
     drop_last: bool | None = None  # None: True when training, False for eval
     crop_ratio: float = 0.875  # eval centre crop = image_size / crop_ratio resized, then cropped
+    # pytorch pipeline: "threads" (decode threads in this process, measured fastest), or
+    # "processes" (a torch DataLoader with worker processes); None: the pipeline's default.
+    worker_mode: str | None = None
 
     @property
     def drops_last(self) -> bool:

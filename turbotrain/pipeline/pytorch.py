@@ -176,8 +176,9 @@ class PyTorchPipeline(OrderedPipeline):
     """
     name = "pytorch"
 
-    def __init__(self, dataset, options: PipelineOptions, *, mode: str = DEFAULT_MODE):
+    def __init__(self, dataset, options: PipelineOptions, *, mode: str | None = None):
         super().__init__(dataset, options)
+        mode = mode or options.worker_mode or DEFAULT_MODE
         if mode not in MODES:
             raise PipelineError(f"unknown pytorch pipeline mode {mode!r}; choose one of: "
                                 f"{', '.join(MODES)}")

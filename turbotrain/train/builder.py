@@ -90,7 +90,8 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
                            jpeg_fraction=jpeg_fraction(train_data))
     options = dict(batch_size=config.batch_size, image_size=config.image_size, device=device,
                    seed=config.seed, rank=env.rank, world_size=env.world_size,
-                   workers=threads.workers)
+                   workers=threads.workers,
+                   worker_mode=config.worker_mode)
     train_pipeline, pipeline_name, why = open_pipeline(config.pipeline, train_data, train=True,
                                                        **options)
     cleanup.callback(train_pipeline.close)

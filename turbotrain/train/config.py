@@ -50,10 +50,14 @@ class TrainConfig:
                              "(resident when the decoded split fits in memory, then dali on "
                              "CUDA, then pytorch)", "data")
     image_size: int | None = _setting(None, "training resolution in pixels; auto: the native size "
-                                      "of small raw images (<= 64 px), else 224 on CUDA and 128 "
+                                      "of small raw images (<= 64 px), else 224 on CUDA and 64 "
                                       "on CPU", "data")
     workers: int | None = _setting(None, "pipeline worker threads/processes per rank; auto: from "
                                    "the thread budget", "data")
+    worker_mode: str = _setting(AUTO, "pytorch pipeline workers: threads (decode threads in the "
+                                "training process, measured fastest) or processes (a torch "
+                                "DataLoader with worker processes); auto: threads", "data",
+                                choices=["auto", "threads", "processes"])
     # -- model
     model: str = _setting(AUTO, "model name; auto picks by image size and device", "model")
     channels_last: bool | None = _setting(None, "channels_last model and input; auto: on for "

@@ -65,8 +65,12 @@ def resolve_data_settings(config: TrainConfig, dataset, device_type: str, world_
         weight_decay = spec.weight_decay if config.optimizer == "sgd" else ADAMW_WEIGHT_DECAY
         reasons["weight_decay"] = (f"{spec.name}'s SGD decay" if config.optimizer == "sgd"
                                    else "AdamW's usual 0.05")
+    worker_mode = config.worker_mode
+    if worker_mode == "auto":
+        worker_mode, reasons["worker_mode"] = "threads", "measured faster than worker processes"
     resolved = config.replace(image_size=image_size, model=spec.name, batch_size=batch, lr=lr,
-                              weight_decay=weight_decay, accum_steps=accum)
+                              weight_decay=weight_decay, accum_steps=accum,
+                              worker_mode=worker_mode)
     return Resolved(resolved, spec, reasons)
 
 
