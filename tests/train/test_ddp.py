@@ -2,9 +2,11 @@
 
 * 2 processes vs 1 with the same global batch: shards are disjoint and cover the split each
   epoch, only rank 0 writes, and the final accuracy is within a small margin.
-* A 2-process run killed with SIGKILL and resumed logs the same losses, bit for bit.
+* A 2-process run killed with SIGKILL and resumed logs the same losses, bit for bit; resuming
+  it with another number of processes is refused.
 * A rank killed mid-run (rank 0 or 1), or one that hangs, ends the job with a one-line error
   on the survivor in bounded time, not a hang.
+* In-process: the metric reductions on two Gloo ranks, --sync-bn, the flags, the error text.
 
 Run as `python -m tests.train.test_ddp ARGS` (what torchrun starts below), this module is the
 `train` command with each rank recording the training samples it was fed, and its pid.
@@ -86,21 +88,39 @@ def start_torchrun(*args, pid_dir: Path, log: Path) -> subprocess.Popen:
 
 def run_torchrun(*args, tmp_path: Path, timeout: float = 150) -> str:
     log = tmp_path / f"torchrun-{time.monotonic_ns()}.log"
-    proc = start_torchrun(*args, pid_dir=tmp_path / "pids", log=log)
+    pid_dir = tmp_path / "pids"
+    proc = start_torchrun(*args, pid_dir=pid_dir, log=log)
     try:
         proc.wait(timeout=timeout)
     finally:
-        kill_job(proc)
+        kill_job(proc, pid_dir)
     output = log.read_text()
     assert proc.returncode == 0, output[-4000:]
     return output
 
 
-def kill_job(proc: subprocess.Popen) -> None:
-    """SIGKILL to torchrun and every rank (they share its process group)."""
+def kill_job(proc: subprocess.Popen, pid_dir: Path) -> None:
+    """SIGKILL to every rank still running, then to torchrun. torchrun starts each rank in a
+    session of its own, so a rank outlives torchrun's death (and a SIGSTOPped one stays forever)
+    unless killed by its pid."""
+    for path in pid_dir.glob("rank*.pid"):
+        pid = int(path.read_text())
+        if rank_alive(pid, pid_dir):
+            os.kill(pid, signal.SIGKILL)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+def rank_alive(pid: int, pid_dir: Path) -> bool:
+    """Whether `pid` is still a running rank of this test's job (not a zombie, and not another
+    process that reused the number: its command line names this test's folder)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X") and str(pid_dir.parent) in command
 
 
 def logged_steps(run_dir: Path) -> int:
@@ -139,7 +159,7 @@ def two_rank_run(fashion_subset, tmp_path_factory):
     return out, output
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(180)
 def test_two_processes_shard_disjointly_and_match_one_process(two_rank_run, fashion_subset,
                                                                train_cli, tmp_path):
     out, output = two_rank_run
@@ -181,22 +201,26 @@ def test_two_processes_shard_disjointly_and_match_one_process(two_rank_run, fash
 
 # ---------------------------------------------------------------------------- resume
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(180)
 def test_two_process_run_killed_and_resumed_repeats_the_losses(two_rank_run, fashion_subset,
                                                                tmp_path):
     reference, _ = two_rank_run
     out = tmp_path / "run"
     log = tmp_path / "killed.log"
-    proc = start_torchrun("--data", fashion_subset, "--out", out, *TWO_RANKS,
-                          pid_dir=tmp_path / "pids", log=log)
+    pids = tmp_path / "pids"
+    proc = start_torchrun("--data", fashion_subset, "--out", out, *TWO_RANKS, pid_dir=pids,
+                          log=log)
     try:
         # Past the step-20 checkpoint (rank 0 logs step 21 only after writing it), mid-epoch.
         wait_until(lambda: logged_steps(out) >= 24, proc, log)
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks at once: a lost node
-        proc.wait(timeout=30)
+        kill_job(proc, pids)  # both ranks and torchrun with SIGKILL: a lost node
     finally:
-        kill_job(proc)
-    assert not (out / "summary.json").exists() and logged_steps(out) < STEPS
+        kill_job(proc, pids)
+    assert not any(rank_alive(rank_pid(pids, rank), pids) for rank in (0, 1))
+    killed_at = logged_steps(out)
+    time.sleep(1.0)
+    assert logged_steps(out) == killed_at < STEPS  # nothing is training any more
+    assert not (out / "summary.json").exists()
     saved = torch.load(checkpoint_path(out), weights_only=False)["counters"]
     assert 20 <= saved["step"] < STEPS and saved["micro_in_epoch"] > 0
 
@@ -237,7 +261,7 @@ def test_a_killed_rank_ends_the_job_with_an_error_on_the_survivor(killed, fashio
         proc.wait(timeout=60)
         seconds = time.monotonic() - killed_at
     finally:
-        kill_job(proc)
+        kill_job(proc, pids)
     output = log.read_text()
     survivor = 1 - killed
     assert proc.returncode != 0
@@ -261,7 +285,7 @@ def test_a_hung_rank_makes_the_other_time_out_with_an_error(fashion_subset, tmp_
         wait_until(lambda: expected in log.read_text(), proc, log, timeout=60)
         seconds = time.monotonic() - stopped_at
     finally:
-        kill_job(proc)
+        kill_job(proc, pids)
     assert timeout - 1 < seconds < timeout + 20, seconds
 
 
