@@ -18,6 +18,20 @@ REPO = Path(__file__).resolve().parents[2]
 FAST = ["--threads", "1", "--workers", "0", "--pipeline", "test-memory", "--log-every", "1"]
 
 
+def logged_steps(run_dir: Path) -> int:
+    """The last optimizer step logged in RUNDIR/metrics.jsonl (0 before the first)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    steps = [0]
+    for line in path.read_text().splitlines():
+        try:
+            steps.append(json.loads(line).get("step", 0))
+        except json.JSONDecodeError:  # a line being written
+            pass
+    return max(steps)
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     torch.set_num_threads(1)

@@ -33,7 +33,7 @@ from turbotrain.train.distributed import (DistEnv, convert_sync_batchnorm,
                                           explain_collective_failure, is_collective_failure)
 from turbotrain.train.errors import TrainError
 
-from .conftest import REPO, read_jsonl, step_losses
+from .conftest import REPO, logged_steps, read_jsonl, step_losses
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 TRAIN_IMAGES = 4096  # a multiple of the global batch (64): the shards cover the split exactly
@@ -121,19 +121,6 @@ def rank_alive(pid: int, pid_dir: Path) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state not in ("Z", "X") and str(pid_dir.parent) in command
-
-
-def logged_steps(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return 0
-    steps = [0]
-    for line in path.read_text().splitlines():
-        try:
-            steps.append(json.loads(line).get("step", 0))
-        except json.JSONDecodeError:  # a line being written
-            pass
-    return max(steps)
 
 
 def wait_until(predicate, proc: subprocess.Popen, log: Path, timeout: float = 90) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from turbotrain.train.checkpoint import checkpoint_path
 
-from .conftest import read_jsonl, step_losses, train_subprocess
+from .conftest import logged_steps, read_jsonl, step_losses, train_subprocess
 
 # test-slow takes 50 ms a batch, so there is time to kill the run between checkpoints.
 ARGS = ("--pipeline", "test-slow", "--epochs", 3, "--batch-size", 8, "--log-every", 1,
@@ -33,19 +33,6 @@ def _wait_for(predicate, proc, timeout=120):
         assert proc.poll() is None, "the run ended before it could be interrupted"
         assert time.monotonic() < deadline, "timed out waiting for the run"
         time.sleep(0.01)
-
-
-def _logged_steps(run_dir) -> int:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return 0
-    steps = [0]
-    for line in path.read_text().splitlines():
-        try:
-            steps.append(json.loads(line).get("step", 0))
-        except json.JSONDecodeError:  # a line being written
-            pass
-    return max(steps)
 
 
 def _checkpoint_step(run_dir) -> int:
@@ -74,13 +61,13 @@ def test_resume_after_kill_9_repeats_the_losses_exactly(uninterrupted, tiny_data
     proc = train_subprocess("--data", tiny_dataset, "--out", run_dir, *ARGS)
     try:
         # Kill after the step-5 checkpoint, with a few steps logged past it (these must go).
-        _wait_for(lambda: _checkpoint_step(run_dir) >= 5 and _logged_steps(run_dir) >= 7, proc)
+        _wait_for(lambda: _checkpoint_step(run_dir) >= 5 and logged_steps(run_dir) >= 7, proc)
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == -signal.SIGKILL
-    assert _logged_steps(run_dir) < TOTAL_STEPS
+    assert logged_steps(run_dir) < TOTAL_STEPS
     _run_to_end("--out", run_dir, "--resume")
     assert step_losses(run_dir) == step_losses(uninterrupted)
     assert _epoch_records(run_dir) == _epoch_records(uninterrupted)
@@ -93,7 +80,7 @@ def test_sigterm_checkpoints_then_resume_finishes_the_same(uninterrupted, tiny_d
     run_dir = tmp_path / "stopped"
     proc = train_subprocess("--data", tiny_dataset, "--out", run_dir, *ARGS)
     try:
-        _wait_for(lambda: _logged_steps(run_dir) >= 3, proc)
+        _wait_for(lambda: logged_steps(run_dir) >= 3, proc)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
