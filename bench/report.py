@@ -1,0 +1,521 @@
+"""BENCHMARKS.md from the JSON the benchmarks leave in bench/results/ (rendered, never measured).
+
+    .venv/bin/python bench/report.py [--results bench/results] [--output BENCHMARKS.md]
+
+`bench/run_all.py` calls `render` after running the suite (and alone with --render-only). The
+file opens with the machine the numbers came from (run_all.json, written by run_all at
+measurement time; else this machine, said so) and a table of every goal next to its measured
+ratio; then one section per benchmark with its table and its exact command, and plots
+(pipelines.png, time_to_accuracy.png) beside the JSON. A benchmark without results says so,
+and so does the GPU section when no GPU table was measured. Unknown shapes (ddp.json, written
+by another script) get a generic table, so a new benchmark shows up before it gets a renderer.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+RESULTS_DIR = ROOT / "results"
+OUTPUT = REPO / "BENCHMARKS.md"
+RUN_ALL_NAME = "run_all.json"  # machine + per-script status, written by run_all.py
+
+PREPARE_GOAL = 1.5  # bench_prepare.py: prepare-dataset vs FFCV's DatasetWriter
+TIME_TO_ACCURACY_GOAL = 3.0  # issue #5
+GPU_GOAL = 0.95  # gpu_check.py: every pipeline within 5 % of the synthetic-data bound
+
+
+@dataclass
+class Goal:
+    benchmark: str
+    what: str
+    goal: str
+    measured: str
+    met: bool | None  # None: nothing measured
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the renderers put their plots and how the document links to them."""
+    results: Path  # the JSON folder; plots are written beside it
+    document: Path  # BENCHMARKS.md
+
+    def plot(self, name: str) -> Path:
+        return self.results / name
+
+    def link(self, plot: Path) -> str:
+        return os.path.relpath(plot, self.document.parent)
+
+
+@dataclass
+class Body:
+    lines: list[str] = field(default_factory=list)
+    goals: list[Goal] = field(default_factory=list)
+
+
+# -- formatting -----------------------------------------------------------------------------------
+def md_table(headers: list[str], rows: list[list]) -> list[str]:
+    def cell(value) -> str:
+        return "-" if value is None else str(value).replace("|", "\\|")
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def rate(value) -> str | None:
+    return None if value is None else f"{value:,.0f}"
+
+
+def times(value) -> str | None:
+    return None if value is None else f"{value:.2f}x"
+
+
+def met_text(met: bool | None) -> str:
+    return {True: "met", False: "**not met**", None: "not measured"}[met]
+
+
+def machine_here() -> dict:
+    """This machine, for when run_all.json did not record the measuring one."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+        torch_version = version("torch")
+    except Exception:  # noqa: BLE001 - absent or broken metadata: say unknown
+        torch_version = "unknown"
+    return {"cpu": model, "cores": len(os.sched_getaffinity(0)), "python":
+            platform.python_version(), "torch": torch_version, "platform": platform.platform(),
+            "date": datetime.datetime.now().isoformat(timespec="minutes"), "gpu": None}
+
+
+# -- one renderer per benchmark -------------------------------------------------------------------
+def render_prepare(data: dict, where: Where) -> Body:
+    ratio = data.get("speedup")
+    body = Body(md_table(["images", "turbotrain prepare (images/s)",
+                          "FFCV DatasetWriter (images/s)", "ratio", "goal"],
+                         [[data.get("images"), rate(data.get("turbotrain_images_per_second")),
+                           rate(data.get("ffcv_images_per_second")), times(ratio),
+                           f">= {PREPARE_GOAL}x"]]))
+    body.lines.insert(0, "Photo-like 500x375 q90 JPEGs to a .beton, 2 workers each, each a fresh "
+                         "process (start-up counts), best of the repeats.\n")
+    body.goals.append(Goal("prepare", "prepare-dataset / FFCV DatasetWriter", f">= {PREPARE_GOAL}x",
+                           times(ratio) or "-", None if ratio is None else ratio >= PREPARE_GOAL))
+    return body
+
+
+def render_pipelines(data: dict, where: Where) -> Body:
+    rows = [[f"`{name}`", rate(r.get("images_per_second")), rate(r.get("images_per_cpu_second")),
+             r.get("what") if r.get("images_per_second") else _run_error(r)]
+            for name, r in data.get("results", {}).items()]
+    body = Body()
+    photos, cifar = data.get("photos", {}), data.get("cifar", {})
+    body.lines.append(f"Photos: {photos.get('images')} JPEGs {photos.get('size')}, "
+                      f"RandomResizedCrop {photos.get('image_size')} + flip, batch "
+                      f"{photos.get('batch_size')}. CIFAR-sized: {cifar.get('images')} images "
+                      f"{cifar.get('size')}, pad-crop + flip, batch {cifar.get('batch_size')}. "
+                      f"{data.get('workers')} workers each; best of {data.get('rounds')} "
+                      "interleaved rounds.\n")
+    body.lines += md_table(["pipeline", "images/s", "images per CPU-second", "what"], rows)
+    goal_rows = []
+    for g in data.get("goals", []):
+        pair = f"`{g['ours']}` / `{g['theirs']}`"
+        goal_rows.append([pair, f">= {g['goal']}x", times(g.get("ratio_images_per_second")),
+                          times(g.get("ratio_images_per_cpu_second")), met_text(g.get("met"))])
+        body.goals.append(Goal("pipelines", pair, f">= {g['goal']}x",
+                               times(g.get("ratio_images_per_second")) or "-", g.get("met")))
+    if goal_rows:
+        body.lines += md_table(["ours / theirs", "goal", "ratio (images/s)",
+                                "ratio (per CPU-second)", ""], goal_rows)
+    plot = plot_pipelines(data, where.plot("pipelines.png"))
+    if plot:
+        body.lines.append(f"![images/s per pipeline]({where.link(plot)})\n")
+    return body
+
+
+def render_engines(data: dict, where: Where) -> Body:
+    entries = data.get("results", {})
+    base = (entries.get("pytorch") or {}).get("images_per_second")
+    rows = [[f"`{name}`", rate(r.get("images_per_second")),
+             times(r["images_per_second"] / base) if r.get("images_per_second") and base else None,
+             r.get("what") if r.get("images_per_second") else _run_error(r)]
+            for name, r in entries.items()]
+    photos = data.get("photos", {})
+    body = Body([f"Our pipelines through the registry, as the trainer builds them: "
+                 f"{photos.get('images')} JPEGs {photos.get('size')}, RandomResizedCrop "
+                 f"{photos.get('image_size')} + flip, batch {photos.get('batch_size')}, "
+                 f"{data.get('workers')} threads, best of {data.get('rounds')} rounds. No "
+                 "numeric goal: this is how the engines compare on a CPU.\n"])
+    body.lines += md_table(["pipeline", "images/s", "vs pytorch", "what"], rows)
+    return body
+
+
+def render_train_precision(data: dict, where: Where) -> Body:
+    rows = [[r["model"], r["image_size"], r["precision"],
+             "channels_last" if r["channels_last"] else "contiguous",
+             f"{r['images_per_second']:,.1f}", times(r.get("speedup_vs_fp32_contiguous"))]
+            for r in data.get("results", [])]
+    body = Body([f"The trainer's step (uint8 stem, label-smoothed loss, Nesterov SGD) on data "
+                 f"already in memory: {data.get('threads')} torch threads, batch "
+                 f"{data.get('batch_size')}, {data.get('steps')} timed steps, best of "
+                 f"{data.get('rounds')} rounds; CPU with native bf16: "
+                 f"{data.get('cpu_native_bf16')}. No numeric goal: these numbers are why `train` "
+                 "picks bf16 + channels_last on such CPUs.\n"])
+    body.lines += md_table(["model", "px", "precision", "memory format", "images/s",
+                            "vs fp32 contiguous"], rows)
+    return body
+
+
+def render_time_to_accuracy(data: dict, where: Where) -> Body:
+    target = data.get("target", 0.9)
+    ours, plain = data.get("turbotrain", {}), data.get("plain_pytorch", {})
+
+    def row(name: str, r: dict) -> list:
+        seconds = r.get("seconds_to_target")
+        return [name, f"{seconds:.1f}" if seconds is not None else "not reached",
+                r.get("epochs_to_target"), _percent(r.get("final_accuracy")),
+                _seconds(r.get("seconds_per_epoch")), rate(r.get("images_per_second")),
+                _seconds(r.get("process_seconds")), _seconds(r.get("prepare_seconds"))]
+    epochs = data.get("epochs")
+    body = Body([f"Fashion-MNIST ({data.get('train_images', 60000):,} train, "
+                 f"{data.get('test_images', 10000):,} test images), {epochs} "
+                 f"epoch{'' if epochs == 1 else 's'} each, compact28 on both sides; "
+                 f"`turbotrain train` with its defaults ({_settings(ours)}) against a plain "
+                 f"PyTorch script ({_settings(plain)}, per-sample torchvision transforms, "
+                 "DataLoader workers). Seconds to target: "
+                 "from the start of training, data loading and evaluation included, to the end "
+                 "of the first evaluation at the target.\n"])
+    if data.get("quick"):
+        body.lines.insert(0, "**Smoke run (--quick) on a slice of the data: not a "
+                             "measurement.**\n")
+    body.lines += md_table(["run", f"seconds to {target:.0%}", "epochs", "final accuracy",
+                            "s per epoch", "train images/s", "process s", "prepare s"],
+                           [row("turbotrain", ours), row("plain PyTorch", plain)])
+    speedup = data.get("speedup")
+    body.lines.append(f"Speedup: **{times(speedup) or 'n/a'}** (goal >= "
+                      f"{TIME_TO_ACCURACY_GOAL:g}x); counting the one-off prepare: "
+                      f"{times(data.get('speedup_with_prepare')) or 'n/a'}; per epoch (after "
+                      f"the first): {times(data.get('speedup_per_epoch')) or 'n/a'}.\n")
+    body.goals.append(Goal("time_to_accuracy", f"seconds to {target:.0%}: plain / turbotrain",
+                           f">= {TIME_TO_ACCURACY_GOAL:g}x", times(speedup) or "-",
+                           None if speedup is None else speedup >= TIME_TO_ACCURACY_GOAL))
+    plot = plot_time_to_accuracy(data, where.plot("time_to_accuracy.png"))
+    if plot:
+        body.lines.append(f"![val accuracy against wall time]({where.link(plot)})\n")
+    return body
+
+
+def render_generic(data: dict, where: Where) -> Body:
+    """Any JSON: its scalars as one table, each list of objects as another."""
+    body = Body(["(No dedicated renderer yet: the JSON as it is.)\n"])
+    scalars = [[f"`{k}`", _scalar(v)] for k, v in data.items()
+               if not isinstance(v, (dict, list))]
+    if scalars:
+        body.lines += md_table(["key", "value"], scalars)
+    for key, value in data.items():
+        rows = _rows(value)
+        if rows:
+            columns = [c for c in dict.fromkeys(c for row in rows for c in row)
+                       if not any(isinstance(row.get(c), (dict, list)) for row in rows)]
+            body.lines += [f"`{key}`:\n"]
+            body.lines += md_table(columns, [[_scalar(row.get(c)) for c in columns]
+                                             for row in rows])
+    for item in [data, *(row for value in data.values() for row in _rows(value))]:
+        if "goal" in item and "met" in item:
+            measured = next((item[k] for k in item if "ratio" in k or "speedup" in k), None)
+            body.goals.append(Goal("", str(item.get("name", "-")), str(item["goal"]),
+                                   _scalar(measured), item["met"]))
+    return body
+
+
+def _rows(value) -> list[dict]:
+    """A list of objects, or an object of objects (keys become a `name` column); else []."""
+    if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+        return [{"name": k, **v} for k, v in value.items()]
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return value
+    return []
+
+
+def _scalar(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.0f}"
+    return "-" if value is None else str(value)
+
+
+def _percent(value) -> str | None:
+    return None if value is None else f"{value:.2%}"
+
+
+def _seconds(value) -> str | None:
+    return None if value is None else f"{value:.1f}"
+
+
+def _settings(result: dict) -> str:
+    s = result.get("settings") or {}
+    parts = [s.get("precision"), "channels_last" if s.get("channels_last") else "contiguous",
+             f"{s.get('pipeline')} pipeline" if s.get("pipeline") else None,
+             f"batch {s.get('batch_size')}" if s.get("batch_size") else None,
+             f"{s.get('torch_threads')} torch threads" if s.get("torch_threads") else None]
+    return ", ".join(p for p in parts if p) or "settings not recorded"
+
+
+def _run_error(result: dict) -> str:
+    errors = [r.get("error") for r in result.get("runs", []) if r.get("error")]
+    return f"failed: {errors[-1]}" if errors else "no result"
+
+
+# -- plots (matplotlib Agg: no display) -----------------------------------------------------------
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_pipelines(data: dict, path: Path) -> Path | None:
+    """Bars of images/s: photo pipelines (with bare decode as a line: the ceiling a decode-bound
+    pipeline cannot pass) and, on their own axis, the 100x faster CIFAR-sized ones."""
+    results = {n: r["images_per_second"] for n, r in data.get("results", {}).items()
+               if r.get("images_per_second")}
+    if not results:
+        return None
+    bare = results.pop("bare_decode", None)
+    photos = {n: v for n, v in results.items() if not n.endswith("_cifar")}
+    cifar = {n: v for n, v in results.items() if n.endswith("_cifar")}
+    plt = _pyplot()
+    panels = [(p, t) for p, t in ((photos, "photos: 224 px from ~500x375 JPEGs"),
+                                  (cifar, "CIFAR-sized: 32 px raw")) if p]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False,
+                             constrained_layout=True)
+    for ax, (values, title) in zip(axes[0], panels):
+        names = list(values)
+        colours = ["C0" if n.startswith(("pytorch", "resident")) else "C7" for n in names]
+        bars = ax.bar(names, [values[n] for n in names], color=colours)
+        ax.bar_label(bars, labels=[f"{values[n]:,.0f}" for n in names], fontsize=8)
+        if bare and values is photos:
+            ax.axhline(bare, color="C3", ls="--", lw=1.2, label=f"bare decode {bare:,.0f}/s")
+            ax.legend(loc="upper right", fontsize=8)
+        ax.set(title=title, ylabel="images/s")
+        ax.tick_params(axis="x", rotation=30, labelsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("Input pipelines (blue: turbotrain, grey: others)", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_time_to_accuracy(data: dict, path: Path) -> Path | None:
+    sides = [(key, name, data.get(key, {}).get("curve") or []) for key, name in
+             (("turbotrain", "turbotrain (defaults)"), ("plain_pytorch", "plain PyTorch"))]
+    if not any(points for _, _, points in sides):
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2), constrained_layout=True)
+    target = data.get("target", 0.9)
+    for colour, (key, name, points) in zip(("C0", "C1"), sides):
+        if not points:
+            continue
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour, label=name)
+        reached = data[key].get("seconds_to_target")
+        if reached is not None:
+            ax.axvline(reached, color=colour, ls=":", lw=1)
+            ax.annotate(f"{reached:.0f} s", (reached, target), textcoords="offset points",
+                        xytext=(4, -12), color=colour, fontsize=8)
+    ax.axhline(target, color="C3", ls="--", lw=1, label=f"target {target:.0%}")
+    ax.set(xlabel="wall seconds since training started", ylabel="val accuracy",
+           title="Fashion-MNIST: val accuracy after each epoch")
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+# -- the document ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Section:
+    stem: str  # bench/results/<stem>.json
+    title: str
+    command: str  # the default run; a JSON's own "command" wins
+    render: Callable[[dict, Where], Body]
+
+
+SECTIONS = [
+    Section("prepare", "Dataset conversion: prepare-dataset vs FFCV",
+            "python bench/bench_prepare.py", render_prepare),
+    Section("pipelines", "Input pipelines: ours vs FFCV, DALI, torchvision",
+            "python bench/bench_pipelines.py", render_pipelines),
+    Section("engines", "Our pipeline engines on one file: pytorch, dali, ffcv",
+            "python bench/bench_engines.py", render_engines),
+    Section("train_precision", "Training step: precision and memory format",
+            "python bench/bench_train_precision.py", render_train_precision),
+    Section("time_to_accuracy", "Time to 90 % on Fashion-MNIST (issue #5)",
+            "python bench/bench_time_to_accuracy.py", render_time_to_accuracy),
+    Section("ddp", "Several processes (DDP)", "python bench/bench_ddp.py", render_generic),
+]
+
+
+def render_gpu(results_file: Path, status: dict | None = None) -> Body:
+    """The GPU section from gpu_check.json; plain words when no GPU table was measured."""
+    data = _load(results_file)
+    measured = bool(data) and (data.get("settings") or {}).get("device") == "cuda"
+    note = _status_note(status, results_file)
+    if not measured:
+        why = ("gpu_check.json holds only the CPU smoke run" if data else
+               "no bench/results/gpu_check.json")
+        if note:
+            why += "; " + note[0].lower() + note[1:].rstrip(".")
+        return Body([f"**No GPU table was measured** ({why}). The numbers above are CPU-only. "
+                     "On a machine with a GPU run `python bench/gpu_check.py` (writes "
+                     "bench/results/gpu_check.json; `--wheelhouse DIR` installs missing engines "
+                     "offline), then `python bench/run_all.py --render-only`.\n"],
+                    [Goal("gpu", "every pipeline / synthetic-data bound", f">= {GPU_GOAL:.0%}",
+                          "-", None)])
+    rows, shares = [], []
+    for r in data.get("rows", []):
+        if r.get("error"):
+            rows.append([r["pipeline"], None, None, None, f"failed: {r['error']}"])
+            continue
+        share = r.get("of_bound")
+        if share is not None and not r["pipeline"].startswith("synthetic"):
+            shares.append((share, r["pipeline"]))
+        rows.append([r["pipeline"], rate(r.get("alone")), rate(r.get("train")),
+                     _percent(share), "" if share is None or share >= GPU_GOAL else "< 95 %"])
+    body = Body([note + "\n"] if note else [])
+    settings = data.get("settings") or {}
+    body.lines.append(f"{data.get('device')}, torch {data.get('torch')}: {settings.get('model')} "
+                      f"training at {settings.get('image_size')} px, batch "
+                      f"{settings.get('batch_size')} (bf16, channels_last, torch.compile) fed by "
+                      "each pipeline, against the same step on a synthetic batch already on the "
+                      "GPU.\n")
+    body.lines += md_table(["pipeline", "loader alone (images/s)", "training (images/s)",
+                            "of synthetic bound", ""], rows)
+    checks = [[c["check"], "ok" if c["ok"] else "**FAILED**", c["detail"]]
+              for c in data.get("checks", [])]
+    if checks:
+        body.lines += md_table(["check", "result", "detail"], checks)
+    body.lines += [f"- {note}" for note in data.get("notes", [])] + [""]
+    worst = min(shares) if shares else None
+    body.goals.append(Goal("gpu", "every pipeline / synthetic-data bound", f">= {GPU_GOAL:.0%}",
+                           f"{worst[0]:.1%} (worst: {worst[1]})" if worst else "-",
+                           None if worst is None else worst[0] >= GPU_GOAL))
+    return body
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _status_note(status: dict | None, results_file: Path | None = None) -> str | None:
+    """What BENCHMARKS.md says about a script run_all could not run to the end, if anything."""
+    if not status or status.get("status") == "ok":
+        return None
+    kind = status.get("status")
+    if kind == "absent":
+        return f"Not run: {status.get('script')} does not exist yet."
+    if kind == "skipped":
+        return f"Not run: {status.get('error')}."
+    note = f"The last run **failed** ({status.get('error', 'no detail')})"
+    if results_file is None or not results_file.is_file():
+        return note + "."
+    written = datetime.datetime.fromtimestamp(results_file.stat().st_mtime)
+    started = status.get("started")
+    if started and written >= datetime.datetime.fromisoformat(started):
+        return note + "; it still wrote the results below."  # e.g. gpu_check: a failed check
+    return note + "; the results below are from an earlier run."
+
+
+def render(results: Path = RESULTS_DIR, output: Path = OUTPUT) -> Path:
+    """Writes `output` from the JSON in `results` (plots go next to the JSON); returns it."""
+    results, output = Path(results), Path(output)
+    where = Where(results, output)
+    run_all = _load(results / RUN_ALL_NAME) or {}
+    statuses = run_all.get("benchmarks", {})
+    machine = run_all.get("machine")
+    sections, goals = [], []
+    for section in SECTIONS:
+        path = results / f"{section.stem}.json"
+        data = _load(path)
+        status = statuses.get(section.stem)
+        if data is None and status is None and section.stem == "ddp":
+            continue  # neither the script nor its results exist yet: nothing to say
+        lines = [f"## {section.title}", ""]
+        note = _status_note(status, path)
+        if note:
+            lines += [note, ""]
+        command = (status or {}).get("command") or (data or {}).get("command") or section.command
+        lines += ["```", command, "```", ""]
+        if data is None:
+            lines += [f"No results (bench/results/{section.stem}.json is missing).", ""]
+            goals.append(Goal(section.stem, section.title, "-", "-", None))
+        else:
+            measured = datetime.datetime.fromtimestamp(path.stat().st_mtime)
+            lines += [f"Results of {measured:%Y-%m-%d %H:%M}.", ""]
+            body = section.render(data, where)
+            for goal in body.goals:
+                goal.benchmark = section.stem
+            lines += body.lines
+            goals += body.goals
+        sections.append(lines)
+    gpu = render_gpu(results / "gpu_check.json", statuses.get("gpu_check"))
+    sections.append(["## GPU", "", *gpu.lines])
+    goals += gpu.goals
+
+    doc = ["# Benchmarks", "",
+           "Rendered by `python bench/run_all.py` (`make bench`) from `bench/results/*.json`; "
+           "`python bench/run_all.py --render-only` rebuilds this file from the JSON already "
+           "there. Results are machine-specific: the JSON is not committed, this file and the "
+           "plots are.", ""]
+    doc += ["## Machine", ""]
+    if machine is None:
+        machine = machine_here()
+        doc += ["(Not recorded at measurement time: this is the machine that rendered the "
+                "report.)", ""]
+    doc += md_table(["", ""], [["CPU", machine.get("cpu")], ["cores", machine.get("cores")],
+                               ["GPU", machine.get("gpu") or "none"],
+                               ["torch", machine.get("torch")], ["python", machine.get("python")],
+                               ["platform", machine.get("platform")],
+                               ["date", machine.get("date")],
+                               ["load average at start", machine.get("load_average")]])
+    doc += ["## Goals", ""]
+    doc += md_table(["benchmark", "comparison", "goal", "measured", ""],
+                    [[g.benchmark, g.what, g.goal, g.measured, met_text(g.met)] for g in goals])
+    for lines in sections:
+        doc += lines
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("\n".join(doc).rstrip() + "\n")
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--output", type=Path, default=OUTPUT)
+    args = parser.parse_args(argv)
+    print(f"wrote {render(args.results, args.output)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

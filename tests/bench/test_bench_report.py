@@ -1,0 +1,304 @@
+"""BENCHMARKS.md rendering (bench/report.py, bench/run_all.py) from small fake results, and
+bench/bench_time_to_accuracy.py: its metrics parsing always, its --quick smoke run when the
+Fashion-MNIST files are installed."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import bench_time_to_accuracy as tta  # noqa: E402
+import report  # noqa: E402
+import run_all  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# -- fake results, in the shapes the benchmark scripts write -------------------------------------
+def fake_results(folder: Path) -> None:
+    def write(name: str, data: dict) -> None:
+        (folder / f"{name}.json").write_text(json.dumps(data))
+    folder.mkdir(parents=True, exist_ok=True)
+    write("prepare", {"images": 300, "turbotrain_images_per_second": 1234.0,
+                      "ffcv_images_per_second": 617.0, "speedup": 2.0})
+    write("pipelines", {
+        "command": ".venv/bin/python bench/bench_pipelines.py --rounds 3", "workers": 2,
+        "rounds": 3, "photos": {"images": 300, "size": "500x375 q90", "batch_size": 64,
+                                "image_size": 224},
+        "cifar": {"images": 5000, "size": "32x32 raw", "batch_size": 512},
+        "results": {
+            "pytorch": {"images_per_second": 3111.0, "images_per_cpu_second": 1555.0,
+                        "what": "ours", "runs": []},
+            "ffcv": {"images_per_second": 1777.0, "images_per_cpu_second": 933.0,
+                     "what": "FFCV", "runs": []},
+            "dali_cpu": {"images_per_second": None, "images_per_cpu_second": None,
+                         "what": "DALI", "runs": [{"error": "exit 1: no DALI", "load": 1.0}]},
+            "bare_decode": {"images_per_second": 3555.0, "images_per_cpu_second": 1777.0,
+                            "what": "decode only", "runs": []},
+            "resident_cifar": {"images_per_second": 1_100_000.0, "images_per_cpu_second": 1e6,
+                               "what": "resident", "runs": []},
+            "ffcv_cifar": {"images_per_second": 210_000.0, "images_per_cpu_second": 150_000.0,
+                           "what": "FFCV small", "runs": []}},
+        "goals": [{"ours": "pytorch", "theirs": "ffcv", "goal": 1.2,
+                   "ratio_images_per_second": 1.75, "ratio_images_per_cpu_second": 1.67,
+                   "met": True},
+                  {"ours": "resident_cifar", "theirs": "ffcv_cifar", "goal": 6.0,
+                   "ratio_images_per_second": 5.24, "met": False}]})
+    write("engines", {"command": "python bench/bench_engines.py --rounds 3", "workers": 2,
+                      "rounds": 3, "photos": {"images": 300, "size": "500x375 q90",
+                                              "batch_size": 64, "image_size": 224},
+                      "results": {"pytorch": {"images_per_second": 2000.0, "what": "ours"},
+                                  "ffcv": {"images_per_second": 1500.0, "what": "FFCV"}}})
+    write("train_precision", {"cpu_native_bf16": True, "threads": 2, "batch_size": 64,
+                              "steps": 6, "rounds": 2, "results": [
+                                  {"model": "compact28", "image_size": 28, "precision": "fp32",
+                                   "channels_last": False, "images_per_second": 971.4,
+                                   "speedup_vs_fp32_contiguous": 1.0},
+                                  {"model": "compact28", "image_size": 28, "precision": "bf16",
+                                   "channels_last": True, "images_per_second": 2212.6,
+                                   "speedup_vs_fp32_contiguous": 2.278}]})
+    write("time_to_accuracy", {
+        "command": "python bench/bench_time_to_accuracy.py", "quick": False, "target": 0.9,
+        "epochs": 3, "train_images": 60000, "test_images": 10000, "speedup": 3.456,
+        "speedup_with_prepare": 3.21, "speedup_per_epoch": 3.33,
+        "turbotrain": {"seconds_to_target": 81.5, "epochs_to_target": 2, "final_accuracy": 0.9134,
+                       "images_per_second": 1900.0, "process_seconds": 130.0,
+                       "seconds_per_epoch": 41.0,
+                       "prepare_seconds": 5.2, "curve": [[40.0, 0.87], [81.5, 0.905],
+                                                         [122.0, 0.9134]],
+                       "settings": {"precision": "bf16", "channels_last": True,
+                                    "pipeline": "resident", "batch_size": 128}},
+        "plain_pytorch": {"seconds_to_target": 281.7, "epochs_to_target": 2,
+                          "final_accuracy": 0.9101, "images_per_second": 450.0,
+                          "seconds_per_epoch": 140.0,
+                          "process_seconds": 430.0, "curve": [[140.0, 0.86], [281.7, 0.902],
+                                                              [420.0, 0.9101]],
+                          "settings": {"precision": "fp32", "channels_last": False}}})
+    write("ddp", {"world_size": 2, "scaling": 1.71, "results": [
+        {"ranks": 1, "images_per_second": 1000.0}, {"ranks": 2, "images_per_second": 1710.0}]})
+
+
+def render(tmp_path: Path) -> str:
+    out = tmp_path / "doc" / "BENCHMARKS.md"
+    assert report.render(tmp_path / "results", out) == out
+    return out.read_text()
+
+
+# -- the report -----------------------------------------------------------------------------------
+def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
+    fake_results(tmp_path / "results")
+    text = render(tmp_path)
+    for heading in ("## Machine", "## Goals", "## Dataset conversion", "## Input pipelines",
+                    "## Our pipeline engines", "## Training step", "## Time to 90 %",
+                    "## Several processes (DDP)", "## GPU"):
+        assert heading in text
+    # goal next to the measured ratio, in the summary table
+    assert "| prepare | prepare-dataset / FFCV DatasetWriter | >= 1.5x | 2.00x | met |" in text
+    assert "| pipelines | `pytorch` / `ffcv` | >= 1.2x | 1.75x | met |" in text
+    assert "| pipelines | `resident_cifar` / `ffcv_cifar` | >= 6.0x | 5.24x | **not met** |" in text
+    assert ">= 3x | 3.46x | met |" in text
+    # the numbers of each benchmark
+    for number in ("1,234", "617", "3,111", "1,100,000", "failed: exit 1: no DALI",
+                   "0.75x", "2,212.6", "2.28x", "81.5", "281.7", "91.34%", "counting the "
+                   "one-off prepare: 3.21x", "per epoch (after the first): 3.33x",
+                   "| 41.0 |", "| 140.0 |", "1,710"):
+        assert number in text, number
+    # the exact commands: the JSON's own, else the script's default
+    assert ".venv/bin/python bench/bench_pipelines.py --rounds 3" in text
+    assert "```\npython bench/bench_prepare.py\n```" in text
+    assert "**No GPU table was measured**" in text
+    assert "## Machine" in text and "| cores |" in text
+
+
+def test_report_draws_the_plots_and_links_them_relative_to_the_document(tmp_path):
+    fake_results(tmp_path / "results")
+    text = render(tmp_path)
+    for name in ("pipelines.png", "time_to_accuracy.png"):
+        plot = tmp_path / "results" / name
+        assert plot.read_bytes()[:8] == PNG_MAGIC
+        assert plot.stat().st_size > 5000  # bars/lines drawn, not an empty canvas
+        assert f"](../results/{name})" in text
+
+
+def test_report_without_results_says_what_is_missing(tmp_path):
+    (tmp_path / "results").mkdir()
+    text = render(tmp_path)
+    assert "No results (bench/results/prepare.json is missing)." in text
+    assert "**No GPU table was measured** (no bench/results/gpu_check.json)" in text
+    assert "Not recorded at measurement time" in text  # no run_all.json: this machine
+    assert "## Several processes (DDP)" not in text  # neither script nor results exist
+    assert not list((tmp_path / "results").glob("*.png"))
+
+
+def test_report_notes_failed_absent_and_skipped_scripts(tmp_path):
+    results = tmp_path / "results"
+    fake_results(results)
+    (results / "run_all.json").write_text(json.dumps({
+        "machine": {"cpu": "Test CPU 9000", "cores": 2, "torch": "2.99", "date": "2030-01-01",
+                    "gpu": None},
+        "benchmarks": {
+            "engines": {"status": "failed", "error": "exit 1: boom", "command": "python x"},
+            "ddp": {"status": "absent", "script": "bench/bench_ddp.py"},
+            "gpu_check": {"status": "skipped", "error": "needs a CUDA GPU; this machine has "
+                                                      "none"}}}))
+    text = render(tmp_path)
+    assert "| CPU | Test CPU 9000 |" in text
+    assert "The last run **failed** (exit 1: boom)" in text
+    assert "Not run: bench/bench_ddp.py does not exist yet." in text
+    assert "not run: needs a CUDA GPU; this machine has none" in text
+
+
+def test_report_says_whether_a_failed_run_still_wrote_its_results(tmp_path):
+    results = tmp_path / "results"
+    fake_results(results)
+    failed = {"status": "failed", "error": "exit 1: a check failed"}
+    statuses = {"prepare": {**failed, "started": "2000-01-01T00:00:00"},  # JSON newer: this run
+                "engines": {**failed, "started": "2999-01-01T00:00:00"}}  # JSON older
+    (results / "run_all.json").write_text(json.dumps({"benchmarks": statuses}))
+    text = render(tmp_path)
+    assert "(exit 1: a check failed); it still wrote the results below." in text
+    assert "(exit 1: a check failed); the results below are from an earlier run." in text
+
+
+def test_report_gpu_table_when_gpu_check_ran_on_cuda(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "gpu_check.json").write_text(json.dumps({
+        "device": "NVIDIA H200", "torch": "2.14.1",
+        "settings": {"device": "cuda", "model": "resnet50", "image_size": 224,
+                     "batch_size": 256},
+        "rows": [{"pipeline": "synthetic (on GPU)", "alone": None, "train": 3000.0,
+                  "of_bound": 1.0},
+                 {"pipeline": "dali", "alone": 9000.0, "train": 2950.0, "of_bound": 0.983},
+                 {"pipeline": "pytorch", "alone": 1200.0, "train": 1100.0, "of_bound": 0.367},
+                 {"pipeline": "ffcv", "error": "RuntimeError: no"}],
+        "checks": [{"check": "dali on cuda", "ok": True, "detail": "labels equal"}],
+        "notes": ["simplejpeg is MISSING"]}))
+    text = render(tmp_path)
+    assert "No GPU table was measured" not in text
+    assert "NVIDIA H200" in text and "| dali | 9,000 | 2,950 | 98.30% |  |" in text
+    assert "36.7% (worst: pytorch) | **not met** |" in text
+    assert "failed: RuntimeError: no" in text and "- simplejpeg is MISSING" in text
+
+
+def test_report_treats_the_gpu_check_smoke_run_as_no_gpu(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "gpu_check.json").write_text(json.dumps({
+        "device": "cpu (smoke)", "settings": {"device": "cpu"}, "rows": []}))
+    assert "**No GPU table was measured** (gpu_check.json holds only the CPU smoke run)" in \
+        render(tmp_path)
+
+
+# -- run_all --------------------------------------------------------------------------------------
+def test_run_all_render_only_writes_the_document(tmp_path, capsys):
+    fake_results(tmp_path / "results")
+    out = tmp_path / "BENCHMARKS.md"
+    assert run_all.main(["--render-only", "--results", str(tmp_path / "results"),
+                         "--output", str(out)]) == 0
+    assert "3.46x" in out.read_text()
+    assert not (tmp_path / "results" / "run_all.json").exists()  # nothing ran
+
+
+def test_run_all_records_absent_failed_and_ok_scripts(tmp_path, monkeypatch):
+    scripts = tmp_path / "bench"
+    scripts.mkdir()
+    (scripts / "ok.py").write_text("print('fine')\n")
+    (scripts / "bad.py").write_text("import sys\nprint('something broke')\nsys.exit(3)\n")
+    (scripts / "hangs.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setattr(run_all, "ROOT", scripts)
+    suite = [run_all.Benchmark("ok", "ok.py"), run_all.Benchmark("bad", "bad.py"),
+             run_all.Benchmark("missing", "missing.py"),
+             run_all.Benchmark("gpu", "ok.py", needs_cuda=True)]
+    statuses = {b.name: run_all.run_one(b, gpu=None, timeout=30) for b in suite}
+    statuses["hangs"] = run_all.run_one(run_all.Benchmark("hangs", "hangs.py"), None, timeout=1)
+    assert statuses["ok"]["status"] == "ok"
+    assert statuses["bad"]["status"] == "failed"
+    assert statuses["bad"]["error"] == "exit 3: something broke"
+    assert statuses["missing"]["status"] == "absent"
+    assert statuses["gpu"]["status"] == "skipped"
+    assert statuses["hangs"] == {**statuses["hangs"], "status": "failed",
+                                 "error": "timed out after 1 s"}
+    run_all.record(tmp_path / "results", None, {"bad": statuses["bad"]})
+    run_all.record(tmp_path / "results", None, {"ok": statuses["ok"]})  # --only keeps the rest
+    recorded = json.loads((tmp_path / "results" / "run_all.json").read_text())
+    assert set(recorded["benchmarks"]) == {"bad", "ok"}
+    assert recorded["machine"]["cores"] >= 1
+
+
+def test_run_all_suite_names_every_benchmark_script():
+    names = {b.name for b in run_all.SUITE}
+    assert {"prepare", "pipelines", "engines", "train_precision", "time_to_accuracy", "ddp",
+            "gpu_check"} <= names
+    for benchmark in run_all.SUITE:
+        if benchmark.name != "ddp":  # written separately; may not exist yet
+            assert (BENCH / benchmark.script).is_file()
+
+
+# -- bench_time_to_accuracy -----------------------------------------------------------------------
+def test_time_to_target_parsing_of_a_metrics_file(tmp_path):
+    lines = [{"kind": "step", "epoch": 0, "step": 20, "loss": 1.8, "time": 8.0},
+             {"kind": "epoch", "epoch": 0, "step": 469, "val_accuracy": 0.871, "time": 40.2},
+             {"kind": "epoch", "epoch": 1, "step": 938, "val_accuracy": 0.9004, "time": 80.7},
+             {"kind": "epoch", "epoch": 2, "step": 1407, "val_accuracy": 0.8999, "time": 120.0}]
+    text = "\n".join(json.dumps(line) for line in lines) + "\n{\"kind\": \"epo"  # torn last line
+    (tmp_path / "metrics.jsonl").write_text(text)
+    records = tta.epoch_records(tmp_path / "metrics.jsonl")
+    assert [r["epoch"] for r in records] == [0, 1, 2]
+    assert tta.first_reaching(records, 0.9) == (80.7, 2)
+    assert tta.first_reaching(records, 0.95) == (None, None)
+    assert tta.curve(records) == [[40.2, 0.871], [80.7, 0.9004], [120.0, 0.8999]]
+    assert tta.seconds_per_epoch(records) == pytest.approx((120.0 - 40.2) / 2)
+    assert tta.seconds_per_epoch(records[:1]) == 40.2 and tta.seconds_per_epoch([]) is None
+    assert tta.epoch_records(tmp_path / "absent.jsonl") == []
+
+
+def test_time_to_target_summary_line_and_fastest_round():
+    ours = [{"seconds_to_target": 90.0, "epochs_to_target": 2, "final_accuracy": 0.91},
+            {"seconds_to_target": 80.0, "epochs_to_target": 2, "final_accuracy": 0.912}]
+    best = tta.fastest(ours)
+    assert best["seconds_to_target"] == 80.0 and best["rounds_seconds_to_target"] == [90.0, 80.0]
+    line = tta.summary_line({
+        "target": 0.9, "epochs": 3, "speedup": 3.5, "speedup_with_prepare": 3.3,
+        "turbotrain": {**best, "prepare_seconds": 5.0},
+        "plain_pytorch": {"seconds_to_target": 280.0, "epochs_to_target": 2,
+                          "final_accuracy": 0.91}})
+    assert "turbotrain 80.0 s (2 epochs" in line and "speedup 3.50x" in line and "met" in line
+    assert "per epoch" not in line  # not in the report: not said
+    missed = tta.summary_line({
+        "target": 0.9, "epochs": 3, "speedup": None, "speedup_with_prepare": None,
+        "turbotrain": {**best, "prepare_seconds": 5.0},
+        "plain_pytorch": {"seconds_to_target": None, "epochs_to_target": None,
+                          "final_accuracy": 0.88}})
+    assert "plain PyTorch did not reach 90% in 3 epochs (final 88.00%)" in missed
+    assert "speedup n/a" in missed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+@pytest.mark.skipif(not tta.SOURCE.is_dir(), reason="Debian's dataset-fashion-mnist is not "
+                    "installed")
+def test_time_to_accuracy_quick_runs_both_sides_end_to_end(tmp_path):
+    """~30 s on a quiet 2-core machine; minutes when the machine is busy."""
+    out = tmp_path / "tta.json"
+    assert tta.main(["--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["quick"] and result["train_images"] == tta.QUICK["train"]
+    for side in ("turbotrain", "plain_pytorch"):
+        r = result[side]
+        assert 0.2 < r["final_accuracy"] <= 1.0  # learnt something in 15 steps
+        assert r["images_per_second"] > 0 and len(r["curve"]) == result["epochs"]
+    assert result["turbotrain"]["settings"]["precision"] in ("bf16", "fp32")
+    assert result["turbotrain"]["prepare_seconds"] > 0
+    doc = tmp_path / "BENCHMARKS.md"
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "time_to_accuracy.json").write_text(out.read_text())
+    report.render(tmp_path / "results", doc)
+    assert "Smoke run (--quick)" in doc.read_text()
