@@ -82,7 +82,8 @@ def _report(run_dir: Path, seconds: float) -> int:
         f"  data wait      {100 * summary['data_wait_fraction']:.0f} % of training time",
     ]
     if diagnosis:
-        lines.append(f"  verdict        {diagnosis.get('verdict')}: {diagnosis.get('summary', '')}")
+        lines.append(f"  verdict        {diagnosis.get('headline') or diagnosis.get('verdict')}")
+        lines += [f"                 next: {step}" for step in diagnosis.get("next_steps", [])[:2]]
     lines += [f"  curves         {run_dir / 'curves.png'}",
               f"  run folder     {run_dir} (config.yaml, metrics.jsonl, summary.json)",
               f"  total time     {seconds:.0f} s"]
