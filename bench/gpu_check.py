@@ -270,14 +270,6 @@ def sources(dataset, settings: Settings, report: Report):
     return out
 
 
-def endless(pipeline):
-    epoch = 0
-    while True:
-        pipeline.set_epoch(epoch)
-        yield from pipeline
-        epoch += 1
-
-
 def timed(batches, settings: Settings, step=None) -> float:
     """Images/s over settings.steps batches after settings.warmup, with or without training."""
     import torch
@@ -299,6 +291,7 @@ def timed(batches, settings: Settings, step=None) -> float:
 
 # -- the run --------------------------------------------------------------------------------------
 def first_batch(build):
+    from turbotrain.pipeline.bench import endless
     with_pipeline = build()
     try:
         return next(iter(endless(with_pipeline)))
@@ -329,6 +322,8 @@ def gpu_checks(dataset, settings: Settings, report: Report) -> None:
 
 def run(settings: Settings, report: Report) -> None:
     import torch
+
+    from turbotrain.pipeline.bench import endless
     with tempfile.TemporaryDirectory() as folder:
         dataset = write_data(Path(folder), settings, report)
         step = make_step(settings)

@@ -2,13 +2,12 @@
 whether every byte of it is still what `prepare-dataset` wrote."""
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
 from . import format as fmt
-from .dataset import open_dataset, read_dataset_json
+from .dataset import file_sha256, open_dataset, read_dataset_json
 from .reader import DatasetError
 
 
@@ -58,15 +57,12 @@ def verify(root: str | Path, progress: bool = True) -> list[str]:
     problems = []
     for split, meta in info["splits"].items():
         path = root / meta["file"]
-        digest = hashlib.sha256()
         try:
-            with open(path, "rb") as f:
-                while block := f.read(1 << 22):
-                    digest.update(block)
+            digest = file_sha256(path)
         except OSError as e:
             problems.append(f"{path}: unreadable ({e.strerror or e})")
             continue
-        if digest.hexdigest() != meta.get("sha256"):
+        if digest != meta.get("sha256"):
             problems.append(f"{path}: checksum mismatch (the file changed after prepare-dataset)")
         try:
             ds = open_dataset(root, split)

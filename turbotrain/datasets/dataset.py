@@ -5,6 +5,7 @@ example one written by FFCV itself), whose class names are then unknown.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,6 +23,15 @@ SPLITS = ("train", "val")
 
 def split_filename(split: str) -> str:
     return f"{split}.beton"
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a split file, as dataset.json records it (read in 4 MiB blocks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_dataset_json(root: Path) -> dict:

@@ -33,7 +33,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from turbotrain.datasets.format import MODE_JPEG, MODE_RAW
+from turbotrain.datasets.format import MAX_IMAGE_SIDE, MODE_JPEG, MODE_RAW
 from turbotrain.datasets.jpeg_header import JpegHeader, read_jpeg_header
 
 # A 100 Mpx RGB image decodes to 300 MB per worker (before resize buffers): above any ordinary
@@ -41,7 +41,7 @@ from turbotrain.datasets.jpeg_header import JpegHeader, read_jpeg_header
 # can claim 20,000 x 20,000 pixels, 1.2 GB decoded.
 MAX_PIXELS = 100_000_000
 # FFCV stores width and height as '<u2' (format.FIELD_METADATA_DTYPES).
-MAX_STORED_SIDE = 65535
+MAX_STORED_SIDE = MAX_IMAGE_SIDE
 # "auto" stores raw pixels up to this side: a 64x64x3 raw image is 12 KiB and loads with a copy,
 # no decode. JPEG would shrink a 32x32 CIFAR image ~5x (646 B vs 3 KiB at q90) but is lossy, and
 # 4:2:0 leaves it 16x16 colour: small-image benchmarks are defined on the exact pixels.

@@ -9,7 +9,6 @@ interrupted run (Ctrl-C, kill -9) never leaves anything that looks like a finish
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import multiprocessing
 from collections import deque
@@ -27,7 +26,7 @@ import numpy as np
 
 from .. import __version__
 from . import format as fmt
-from .dataset import DATASET_FORMAT_VERSION, DATASET_JSON, split_filename
+from .dataset import DATASET_FORMAT_VERSION, DATASET_JSON, file_sha256, split_filename
 from .writer import BetonWriter, SampleTooLarge
 
 # Samples per task sent to a worker: large enough that the pipe costs nothing (~1 % at 16 x
@@ -181,14 +180,6 @@ def _write_split(split_source, path: Path, options: PrepareOptions, workers: int
     return result
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _pixel_stats(result: SplitResult) -> dict | None:
     if result.pixel_count == 0:
         return None
@@ -282,7 +273,7 @@ def _dataset_info(source, options: PrepareOptions, results: dict, folder: Path) 
         path = folder / split_filename(split)
         splits[split] = {"file": path.name, "num_samples": r.written,
                          "skipped": len(r.skipped), "encodings": r.mode_counts,
-                         "bytes": path.stat().st_size, "sha256": _sha256(path)}
+                         "bytes": path.stat().st_size, "sha256": file_sha256(path)}
     if not any(r.written for r in results.values()):
         raise PrepareError(f"{source.path}: no image could be read (all were skipped)")
     stats_split = "train" if "train" in results else next(iter(results))

@@ -51,7 +51,7 @@ def steady_rate(pipeline, *, warmup: int, batches: int, device) -> float:
     import torch
     if len(pipeline) == 0:
         raise ValueError("the split has fewer samples than one batch")
-    stream = _endless(pipeline)
+    stream = endless(pipeline)
     try:
         for _ in range(warmup):
             next(stream)
@@ -64,7 +64,8 @@ def steady_rate(pipeline, *, warmup: int, batches: int, device) -> float:
         stream.close()
 
 
-def _endless(pipeline):
+def endless(pipeline):
+    """The pipeline's batches, epoch after epoch, forever (for steady-state timing)."""
     epoch = 0
     while True:
         pipeline.set_epoch(epoch)

@@ -155,7 +155,7 @@ class Sweep:
     # ------------------------------------------------------------------ 3. with the model
 
     def train_rate(self, row: Row, model, optimizer, batch: int, seconds: float) -> None:
-        from turbotrain.pipeline.bench import _endless  # epochs back to back
+        from turbotrain.pipeline.bench import endless  # epochs back to back
 
         from .device import apply_torch_threads, autocast_context
         from .profiling import StepClock
@@ -168,7 +168,7 @@ class Sweep:
         apply_torch_threads(row.threads)
         clock = StepClock(self.device)
         images_done, step = 0, 0
-        stream = _endless(pipeline)
+        stream = endless(pipeline)
         try:
             if len(pipeline) == 0:
                 raise ValueError("the split has fewer samples than one batch")
