@@ -9,7 +9,13 @@ import torch
 from turbotrain.datasets import format as fmt
 from turbotrain.datasets import open_dataset
 from turbotrain.datasets.writer import BetonWriter
-from turbotrain.pipeline import PipelineUnavailable, build_pipeline
+from turbotrain.pipeline import PipelineUnavailable, build_pipeline, pipeline_names
+
+
+def product_pipelines() -> list[str]:
+    """The registered pipelines, without the in-test ones tests/train registers ("test-*"),
+    which exist only when those tests are collected in the same session."""
+    return [name for name in pipeline_names() if not name.startswith("test-")]
 
 torch.set_num_threads(1)
 

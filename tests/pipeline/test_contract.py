@@ -5,14 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from turbotrain.pipeline import pipeline_names
 from turbotrain.pipeline.order import SampleOrder
 
-from .conftest import build, run_epoch
+from .conftest import build, product_pipelines, run_epoch
 
 pytestmark = pytest.mark.timeout(120)
 
-NAMES = pipeline_names()
+NAMES = product_pipelines()
 
 
 def options(image_size: int, **overrides):

@@ -12,7 +12,7 @@ from turbotrain.pipeline import (PipelineError, PipelineOptions, PipelineUnavail
                                  resident)
 from turbotrain.pipeline.pytorch import MODES, PyTorchPipeline
 
-from .conftest import build, run_epoch
+from .conftest import build, product_pipelines, run_epoch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -44,7 +44,7 @@ def test_corrupt_sample_fails_in_the_caller_naming_it(mode, corrupt_path):
     assert "sample 13" in message and corrupt_path in message and "\n" not in message
 
 
-@pytest.mark.parametrize("name", pipeline_names())
+@pytest.mark.parametrize("name", product_pipelines())
 def test_every_pipeline_reports_a_corrupt_sample(name, corrupt_path):
     with pytest.raises(PipelineError, match="sample 13"):
         with build(name, open_dataset(corrupt_path), **opts(train=False)) as pipeline:

@@ -31,13 +31,13 @@ import torch
 from turbotrain.datasets import format as fmt
 from turbotrain.datasets import open_dataset
 from turbotrain.datasets.writer import BetonWriter
-from turbotrain.pipeline import augment, pipeline_names
+from turbotrain.pipeline import augment
 
-from .conftest import PHOTO_SIZES, build, photo_image, run_epoch
+from .conftest import PHOTO_SIZES, build, photo_image, product_pipelines, run_epoch
 
 pytestmark = pytest.mark.timeout(300)
 
-NAMES = pipeline_names()
+NAMES = product_pipelines()
 # Grey levels, mean |difference| per image (see the module docstring). Measured worst cases on
 # this split: eval dali 0.4, ffcv 0.9, pytorch 1.5, resident 3.2; train vs pytorch: dali 2.1,
 # ffcv 2.2 (resident 41: other boxes).
