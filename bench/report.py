@@ -164,6 +164,30 @@ def render_engines(data: dict, where: Where) -> Body:
     return body
 
 
+def render_pillow(data: dict, where: Where) -> Body:
+    if data.get("skipped"):
+        return Body([f"Not measured: {data['skipped']}.\n"])
+    rows = [[f"`{name}`", r.get("version"), rate(r.get("jpeg_images_per_second")),
+             _ms(r.get("decode_ms")), _ms(r.get("resize_ms")),
+             rate(r.get("png_prepare_images_per_second"))]
+            for name, r in data.get("results", {}).items()]
+    ratios = data.get("ratios", {})
+    body = Body([f"{data.get('images')} photo-like JPEGs {data.get('size')}: Image.open + "
+                 f"convert(\"RGB\"), then resize to {data.get('output')} (BILINEAR), one "
+                 f"thread, best of {data.get('rounds')} interleaved rounds; plain pillow from a "
+                 "`pip install --target` folder. PNG: prepare-dataset's one PIL path "
+                 "(`encode_sample` on the same images as PNGs). No numeric goal: turbotrain's own "
+                 "pipelines do not use PIL; this is what pillow-simd gives PIL-based loading.\n"])
+    body.lines += md_table(["PIL", "PIL.__version__", "JPEG decode + resize /s", "decode ms",
+                            "resize ms", "prepare PNG /s"], rows)
+    body.lines.append(f"pillow-simd / pillow: decode + resize "
+                      f"**{times(ratios.get('jpeg_decode_resize')) or 'n/a'}** (decode "
+                      f"{times(ratios.get('decode')) or 'n/a'}, resize "
+                      f"{times(ratios.get('resize')) or 'n/a'}); prepare-dataset on PNG sources "
+                      f"{times(ratios.get('png_prepare')) or 'n/a'}.\n")
+    return body
+
+
 def render_train_precision(data: dict, where: Where) -> Body:
     rows = [[r["model"], r["image_size"], r["precision"],
              "channels_last" if r["channels_last"] else "contiguous",
@@ -255,6 +279,10 @@ def _scalar(value) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.0f}"
     return "-" if value is None else str(value)
+
+
+def _ms(value) -> str | None:
+    return None if value is None else f"{value:.2f}"
 
 
 def _percent(value) -> str | None:
@@ -365,6 +393,8 @@ SECTIONS = [
             "python bench/bench_pipelines.py", render_pipelines),
     Section("engines", "Our pipeline engines on one file: pytorch, dali, ffcv",
             "python bench/bench_engines.py", render_engines),
+    Section("pillow", "PIL decode + resize: pillow-simd vs pillow",
+            "python bench/bench_pillow.py", render_pillow),
     Section("train_precision", "Training step: precision and memory format",
             "python bench/bench_train_precision.py", render_train_precision),
     Section("time_to_accuracy", "Time to 90 % on Fashion-MNIST (issue #5)",

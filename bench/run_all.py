@@ -53,6 +53,7 @@ SUITE = [
     Benchmark("prepare", "bench_prepare.py"),
     Benchmark("pipelines", "bench_pipelines.py"),
     Benchmark("engines", "bench_engines.py"),
+    Benchmark("pillow", "bench_pillow.py"),
     Benchmark("train_precision", "bench_train_precision.py"),
     Benchmark("time_to_accuracy", "bench_time_to_accuracy.py"),
     Benchmark("ddp", "bench_ddp.py"),

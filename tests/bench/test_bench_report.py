@@ -56,6 +56,17 @@ def fake_results(folder: Path) -> None:
                                               "batch_size": 64, "image_size": 224},
                       "results": {"pytorch": {"images_per_second": 2000.0, "what": "ours"},
                                   "ffcv": {"images_per_second": 1500.0, "what": "FFCV"}}})
+    write("pillow", {"command": "python bench/bench_pillow.py --rounds 5", "images": 200,
+                     "size": "512x384 q90", "output": "224x224", "rounds": 5, "repeats": 3,
+                     "ratios": {"jpeg_decode_resize": 1.77, "decode": 0.99, "resize": 7.76,
+                                "png_prepare": 0.99},
+                     "results": {
+                         "pillow-simd": {"version": "12.1.1.post0+avx2",
+                                         "jpeg_images_per_second": 1316.0, "decode_ms": 0.67,
+                                         "resize_ms": 0.09, "png_prepare_images_per_second": 318.0},
+                         "pillow": {"version": "13.0.0", "jpeg_images_per_second": 746.0,
+                                    "decode_ms": 0.66, "resize_ms": 0.68,
+                                    "png_prepare_images_per_second": 320.0}}})
     write("train_precision", {"cpu_native_bf16": True, "threads": 2, "batch_size": 64,
                               "steps": 6, "rounds": 2, "results": [
                                   {"model": "compact28", "image_size": 28, "precision": "fp32",
@@ -96,7 +107,8 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     fake_results(tmp_path / "results")
     text = render(tmp_path)
     for heading in ("## Machine", "## Goals", "## Dataset conversion", "## Input pipelines",
-                    "## Our pipeline engines", "## Training step", "## Time to 90 %",
+                    "## Our pipeline engines", "## PIL decode + resize", "## Training step",
+                    "## Time to 90 %",
                     "## Several processes (DDP)", "## GPU"):
         assert heading in text
     # goal next to the measured ratio, in the summary table
@@ -108,7 +120,9 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     for number in ("1,234", "617", "3,111", "1,100,000", "failed: exit 1: no DALI",
                    "0.75x", "2,212.6", "2.28x", "81.5", "281.7", "91.34%", "counting the "
                    "one-off prepare: 3.21x", "per epoch (after the first): 3.33x",
-                   "| 41.0 |", "| 140.0 |", "1,710"):
+                   "| 41.0 |", "| 140.0 |", "1,710", "| `pillow-simd` | 12.1.1.post0+avx2 | "
+                   "1,316 | 0.67 | 0.09 | 318 |", "decode + resize **1.77x** (decode 0.99x, "
+                   "resize 7.76x)"):
         assert number in text, number
     # the exact commands: the JSON's own, else the script's default
     assert ".venv/bin/python bench/bench_pipelines.py --rounds 3" in text
@@ -235,8 +249,8 @@ def test_run_all_records_absent_failed_and_ok_scripts(tmp_path, monkeypatch):
 
 def test_run_all_suite_names_every_benchmark_script():
     names = {b.name for b in run_all.SUITE}
-    assert {"prepare", "pipelines", "engines", "train_precision", "time_to_accuracy", "ddp",
-            "gpu_check"} <= names
+    assert {"prepare", "pipelines", "engines", "pillow", "train_precision", "time_to_accuracy",
+            "ddp", "gpu_check"} <= names
     for benchmark in run_all.SUITE:
         if benchmark.name != "ddp":  # written separately; may not exist yet
             assert (BENCH / benchmark.script).is_file()

@@ -120,3 +120,14 @@ def test_bench_on_a_missing_dataset_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("turbotrain bench: error:") and "\n" not in err
 
+
+
+def test_bench_fails_when_no_pipeline_could_run(small_path, capsys):
+    from turbotrain.pipeline.bench import main
+    # A batch larger than the split: every pipeline is unavailable, so the command must fail.
+    assert main(["--data", small_path, "--pipeline", "pytorch", "--image-size", "16",
+                 "--batch-size", "100000", "--batches", "1", "--workers", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "unavailable" in captured.out
+    err = captured.err.strip()
+    assert err.startswith("turbotrain bench: error:") and "\n" not in err

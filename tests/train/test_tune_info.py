@@ -1,12 +1,15 @@
 """`turbotrain tune` (a tiny, few-second sweep over the in-test pipelines) and `turbotrain info`."""
 from __future__ import annotations
 
+import importlib.metadata
 import json
 
+import PIL
 import pytest
 
 from turbotrain.cli import main as turbotrain_main
 from turbotrain.train import batch_finder as bf
+from turbotrain.train.info import pillow_build
 from turbotrain.train.tune import worker_counts
 
 
@@ -71,3 +74,27 @@ def test_info_reports_versions_hardware_pipelines_and_picks(capsys, tiny_dataset
         assert ": " in picks[key], key  # a value and its reason
     code, text, _ = run(capsys, "info")
     assert code == 0 and "train would pick:" in text and "precision" in text
+
+
+def test_info_says_which_pil_runs(capsys):
+    """pillow-simd after `make install` on a machine that can build it, else plain pillow: the
+    line names the one imported, at the version pip has installed under the name pillow."""
+    code, out, err = run(capsys, "info", "--json")
+    assert code == 0, err
+    shown = json.loads(out)["versions"]["Pillow"]
+    running = PIL.__version__
+    assert importlib.metadata.version("pillow") == running  # no second PIL/ shadows it
+    kind = "pillow-simd" if ".post" in running else "pillow"
+    assert shown.startswith(f"{kind} {running.split('+')[0]} (")  # +avx2: shown as (AVX2)
+    code, text, _ = run(capsys, "info")
+    assert f"Pillow               {shown}" in text
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("12.1.1.post0+avx2", "pillow-simd 12.1.1.post0 (AVX2)"),  # scripts/build_pillow_simd.py
+    ("12.1.1.post0+sse4", "pillow-simd 12.1.1.post0 (SSE4)"),
+    ("9.5.0.post2", "pillow-simd 9.5.0.post2 (instruction set not recorded)"),  # pip's own
+    ("13.0.0", "pillow 13.0.0 (plain; make install builds pillow-simd"),
+])
+def test_pillow_build_tells_pillow_simd_from_pillow(version, expected):
+    assert pillow_build(version).startswith(expected)

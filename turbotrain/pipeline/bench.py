@@ -195,6 +195,12 @@ def run_bench(args: argparse.Namespace) -> int:
               f"{args.image_size} px, {args.batches} timed batches after {args.warmup}, "
               f"device {device}")
         print(format_table(results))
+    if not any(result.get("images_per_second") for name, result in results.items()
+               if name != BARE_DECODE):
+        print("turbotrain bench: error: no requested pipeline could run on this data (each one's "
+              "reason is in the output); a --batch-size larger than the split is the usual cause",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,197 @@
+"""PIL decode + resize to 224: pillow-simd (as `make install` builds it) against plain pillow.
+
+    .venv/bin/python bench/bench_pillow.py [--images 200] [--rounds 3] [--plain-version 13.0.0]
+
+Both in one run: this environment's PIL (pillow-simd, built by scripts/build_pillow_simd.py) and
+plain pillow, installed with `pip install --target bench/.cache/pillow-plain[-VERSION]` (the
+newest unless --plain-version) and put first on PYTHONPATH. Each side runs the same timing code
+in a fresh process, one thread, on --images photo-like 512x384 q90 JPEGs held in memory (the
+synthetic generator, cached under bench/.cache/); sides alternate over --rounds, each round the
+best of --repeats passes, and the best round counts (the machine is shared).
+
+* jpeg: Image.open + convert("RGB") (decode: torchvision's pil_loader), then
+  resize((224, 224), BILINEAR) (what torchvision's Resize / RandomResizedCrop do to a PIL image).
+* png: `encode_sample` on the same images as PNGs, prepare-dataset's one PIL path (PIL decode,
+  then cv2 resize and simplejpeg encode as for JPEGs). prepare-dataset's JPEG sources never
+  touch PIL: simplejpeg decodes them, cv2 resizes them.
+
+Writes bench/results/pillow.json. Without pillow-simd installed it says so and writes a skip.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+CACHE = ROOT / ".cache"
+RESULTS = ROOT / "results" / "pillow.json"
+sys.path.insert(0, str(ROOT.parent))
+
+SIZE = (512, 384)  # width, height: a small photo, as prepare-dataset's default --max-side 512
+OUTPUT = (224, 224)
+
+
+# -- data -----------------------------------------------------------------------------------------
+def photos(images: int) -> tuple[list[Path], list[Path]]:
+    """The JPEGs (written once) and the same pixels as PNGs."""
+    import cv2
+    from turbotrain.datasets.synthetic import write_shapes_imagefolder
+    root = CACHE / f"pillow-{SIZE[0]}-{images // 10}"
+    write_shapes_imagefolder(root, train_per_class=images // 10, val_per_class=0, size=SIZE,
+                             quality=90)
+    jpegs = sorted((root / "train").rglob("*.jpg"))
+    pngs = []
+    for jpeg in jpegs:
+        png = root / "png" / jpeg.parent.name / jpeg.with_suffix(".png").name
+        if not png.exists():
+            png.parent.mkdir(parents=True, exist_ok=True)
+            cv2.imwrite(str(png), cv2.imread(str(jpeg)))
+        pngs.append(png)
+    return jpegs, pngs
+
+
+def plain_pillow(version: str | None) -> Path:
+    """A `pip install --target` folder holding plain pillow (once)."""
+    folder = CACHE / ("pillow-plain" + (f"-{version}" if version else ""))
+    if not (folder / "PIL").is_dir():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                        str(folder), f"pillow=={version}" if version else "pillow"], check=True)
+    return folder
+
+
+# -- one side, in a child process -----------------------------------------------------------------
+def best_pass(work, items: list[bytes], repeats: int) -> list[float]:
+    """The seconds [total, part...] of the fastest of `repeats` passes, after one untimed."""
+    work(items[: max(1, len(items) // 10)])
+    return min((work(items) for _ in range(repeats)), key=lambda parts: parts[0])
+
+
+def child(jpeg_list: str, png_list: str, repeats: int) -> dict:
+    import PIL
+    from PIL import Image
+    from turbotrain.datasets.images import encode_sample
+
+    def decode_resize(blobs: list[bytes]) -> list[float]:
+        decode = resize = 0.0
+        for data in blobs:
+            started = time.perf_counter()
+            image = Image.open(io.BytesIO(data)).convert("RGB")
+            decoded = time.perf_counter()
+            image.resize(OUTPUT, Image.BILINEAR)
+            resize += time.perf_counter() - decoded
+            decode += decoded - started
+        return [decode + resize, decode, resize]
+
+    def prepare(blobs: list[bytes]) -> list[float]:
+        started = time.perf_counter()
+        for data in blobs:
+            encode_sample(data, encoding="auto", max_side=512, quality=90)
+        return [time.perf_counter() - started]
+
+    jpegs = [Path(p).read_bytes() for p in Path(jpeg_list).read_text().split("\n") if p]
+    pngs = [Path(p).read_bytes() for p in Path(png_list).read_text().split("\n") if p]
+    total, decode, resize = best_pass(decode_resize, jpegs, repeats)
+    (png_total,) = best_pass(prepare, pngs, repeats)
+    return {"version": PIL.__version__, "module": str(Path(PIL.__file__).parent),
+            "jpeg_images_per_second": len(jpegs) / total,
+            "decode_ms": 1000 * decode / len(jpegs), "resize_ms": 1000 * resize / len(jpegs),
+            "png_prepare_images_per_second": len(pngs) / png_total}
+
+
+def run_child(pythonpath: Path | None, lists: tuple[Path, Path], repeats: int) -> dict:
+    env = dict(os.environ)
+    if pythonpath is not None:  # before site-packages: its PIL wins
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath),
+                                                          env.get("PYTHONPATH")]))
+    env.update(OMP_NUM_THREADS="1", OPENCV_FOR_THREADS_NUM="1")  # one core per side
+    done = subprocess.run([sys.executable, __file__, "--child", str(lists[0]), str(lists[1]),
+                           "--repeats", str(repeats)], capture_output=True, text=True, env=env,
+                          timeout=900, check=False)
+    if done.returncode:
+        raise RuntimeError(f"child failed: {done.stderr.strip()[-500:]}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "load": os.getloadavg()[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--images", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--plain-version", default=None,
+                        help="plain pillow to compare with (default: the newest)")
+    parser.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(*args.child, args.repeats)))
+        return 0
+
+    from turbotrain.train.info import pillow_build
+    import PIL
+    command = "python bench/bench_pillow.py " + " ".join(argv or sys.argv[1:])
+    RESULTS.parent.mkdir(exist_ok=True)
+    if not pillow_build(PIL.__version__).startswith("pillow-simd"):
+        why = (f"pillow-simd is not installed here (PIL {PIL.__version__}); "
+               "scripts/build_pillow_simd.py builds it")
+        print(why)
+        RESULTS.write_text(json.dumps({"command": command.strip(), "skipped": why}, indent=2))
+        return 0
+    jpegs, pngs = photos(args.images)
+    lists = (CACHE / "pillow-jpegs.txt", CACHE / "pillow-pngs.txt")
+    for path, files in zip(lists, (jpegs, pngs)):
+        path.write_text("\n".join(map(str, files)))
+    sides = {"pillow-simd": None, "pillow": plain_pillow(args.plain_version)}
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for round_ in range(args.rounds):  # interleaved: a noisy neighbour hurts both alike
+        for name, pythonpath in sides.items():
+            runs[name].append(run_child(pythonpath, lists, args.repeats))
+            r = runs[name][-1]
+            print(f"round {round_ + 1} {name} {r['version']}: {r['jpeg_images_per_second']:.0f} "
+                  f"JPEG decode+resize/s ({r['decode_ms']:.2f} + {r['resize_ms']:.2f} ms), "
+                  f"{r['png_prepare_images_per_second']:.0f} PNG prepare/s", flush=True)
+    results = {}
+    for name in sides:
+        best = max(runs[name], key=lambda r: r["jpeg_images_per_second"])
+        results[name] = {
+            "pil": pillow_build(best["version"]), "version": best["version"],
+            "module": best["module"],
+            "jpeg_images_per_second": best["jpeg_images_per_second"],
+            "decode_ms": min(r["decode_ms"] for r in runs[name]),
+            "resize_ms": min(r["resize_ms"] for r in runs[name]),
+            "png_prepare_images_per_second": max(r["png_prepare_images_per_second"]
+                                                 for r in runs[name]),
+            "runs": runs[name]}
+    simd, plain = results["pillow-simd"], results["pillow"]
+    ratios = {"jpeg_decode_resize": simd["jpeg_images_per_second"]
+              / plain["jpeg_images_per_second"],
+              "decode": plain["decode_ms"] / simd["decode_ms"],
+              "resize": plain["resize_ms"] / simd["resize_ms"],
+              "png_prepare": simd["png_prepare_images_per_second"]
+              / plain["png_prepare_images_per_second"]}
+    print(f"\n{len(jpegs)} JPEGs {SIZE[0]}x{SIZE[1]} q90 -> {OUTPUT[0]}x{OUTPUT[1]}, one thread, "
+          f"best of {args.rounds} rounds")
+    print(f"{'':<12} {'PIL':<34} {'decode+resize/s':>15} {'decode ms':>9} {'resize ms':>9} "
+          f"{'PNG prepare/s':>13}")
+    for name, r in results.items():
+        print(f"{name:<12} {r['pil'][:34]:<34} {r['jpeg_images_per_second']:>15,.0f} "
+              f"{r['decode_ms']:>9.2f} {r['resize_ms']:>9.2f} "
+              f"{r['png_prepare_images_per_second']:>13,.0f}")
+    print(f"pillow-simd / pillow: decode+resize {ratios['jpeg_decode_resize']:.2f}x "
+          f"(decode {ratios['decode']:.2f}x, resize {ratios['resize']:.2f}x); "
+          f"prepare-dataset on PNGs {ratios['png_prepare']:.2f}x")
+    RESULTS.write_text(json.dumps({
+        "command": command.strip(), "images": len(jpegs),
+        "size": f"{SIZE[0]}x{SIZE[1]} q90", "output": f"{OUTPUT[0]}x{OUTPUT[1]}",
+        "rounds": args.rounds, "repeats": args.repeats, "ratios": ratios,
+        "results": results}, indent=2))
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

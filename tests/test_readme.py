@@ -1,0 +1,657 @@
+"""Every command in README.md runs, at a small size, and does what the README says around it.
+
+The README is written for users (ImageNet paths, 8 GPUs, 16 epochs); this test maps it onto a
+tiny stand-in, in two explicit tables:
+
+* STAND_INS: a README token -> what the test puts there (a 60-JPEG ImageFolder, the dataset
+  prepared from it, a local rendezvous instead of node01, 2 processes instead of 8).
+* RULES: a README command (a regex over the whole command) -> how the test runs it: the flags
+  it appends to make it small (argparse: the last value wins), what it prepares first, what
+  it checks afterwards; or, for commands that install or build (pip, apt-get, make), what it
+  verifies instead of running them.
+
+Each ```bash command (a line, or a `\\`-continued one; comments dropped) must match a rule:
+one that matches none fails with a message saying to add one, so a new README command is never
+skipped silently. A block preceded by `<!-- readme-test: skip (REASON) -->` is not run; such
+blocks are few and counted exactly (ALLOWED_SKIPS). ```python blocks are executed; a ```yaml block must
+be a train config; a ```text block is an output sample. Other fence languages fail.
+
+Set TURBOTRAIN_README=PATH to run the same test against another copy of the README.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[1]
+README = Path(os.environ.get("TURBOTRAIN_README", REPO / "README.md"))
+VENV_BIN = Path(sys.executable).parent  # turbotrain, prepare-dataset, train, torchrun
+
+# --------------------------------------------------------------------------- the stand-ins
+
+# README token -> stand-in, replaced as a whole word in every command and python block before
+# it runs. {name} fields come from the Sandbox: the module's tiny data and the command's own
+# temporary working directory (relative paths such as runs/r50 land there).
+STAND_INS = {
+    "SOURCE": "{source}",                        # ImageFolder: 10 classes x 6 JPEGs, 80x64
+    "OUT": "{prepared}",                         # SOURCE prepared once, with a val split
+    "/data/imagenet-prepared": "{prepared}",
+    "/shared/imagenet-prepared": "{prepared}",
+    "/shared/runs/r50": "shared/runs/r50",       # "shared storage": a folder in the cwd
+    "run.yaml": "{cwd}/run.yaml",                # RUN_YAML, written by the rule's setup
+    "--nproc-per-node 8": "--nproc-per-node 2",  # 2 CPU processes (Gloo) instead of 8 GPUs
+    "--nnodes 4": "--nnodes 1",                  # this machine plays every node ...
+    "node01:29500": "127.0.0.1:{port}",          # ... and hosts the rendezvous on a free port
+}
+
+# The tiny sizes. Train: 3 optimizer steps of 8 images at 32 px, one torch thread.
+TRAIN_SMALL = ("--epochs", "1", "--max-steps", "3", "--batch-size", "8", "--image-size", "32",
+               "--device", "cpu", "--threads", "1", "--workers", "1")
+# Under torchrun each of the 2 ranks gets one thread and no extra worker: 2 cores in all.
+TRAIN_SMALL_DDP = (*TRAIN_SMALL[:-2], "--workers", "0")
+BENCH_SMALL = ("--image-size", "32", "--batch-size", "8", "--batches", "2", "--warmup", "1",
+               "--workers", "1", "--device", "cpu")
+TUNE_SMALL = ("--budget-seconds", "3", "--image-size", "32", "--workers", "1", "--device", "cpu")
+
+# What the README's `train --config run.yaml` reads: a user's file of train flags.
+RUN_YAML = "model: resnet18\nepochs: 4\nlr: 0.05\nlabel-smoothing: 0.0\n"
+
+# Blocks marked `<!-- readme-test: skip (REASON) -->`: the program their commands run -> how
+# many such blocks there are. A new skip must be added here on purpose.
+ALLOWED_SKIPS = {"docker": 1}  # no Docker engine on the dev box or in CI (tests/test_docker.py)
+
+# Command blocks, executed blocks, and passive ones (see the module docstring).
+COMMAND_LANGUAGES = {"bash", "sh", "shell"}
+PASSIVE_LANGUAGES = {"yaml", "text"}
+
+
+# --------------------------------------------------------------------------- the README parser
+
+SKIP_MARKER = re.compile(r"<!--\s*readme-test:\s*skip\s*(?:\((.*)\))?\s*-->")
+
+
+@dataclass(frozen=True)
+class Block:
+    language: str
+    line: int                 # README line of the opening fence
+    text: str
+    skip_reason: str | None   # "" when marked skip without a reason
+
+
+@dataclass(frozen=True)
+class Command:
+    line: int                 # README line where the command starts
+    text: str                 # as written, continuation lines joined, comment dropped
+    comment: str              # the trailing `# ...`, if any
+
+    def __str__(self) -> str:
+        return f"README.md:{self.line}: {self.text}"
+
+
+def parse_blocks(markdown: str) -> list[Block]:
+    blocks, lines, i = [], markdown.splitlines(), 0
+    while i < len(lines):
+        opening = re.match(r"^```(\S*)\s*$", lines[i])
+        if not opening:
+            i += 1
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), None)
+        assert end is not None, f"README.md:{i + 1}: a fenced block that never closes"
+        previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        marker = SKIP_MARKER.search(previous)
+        reason = None if marker is None else (marker.group(1) or "").strip()
+        blocks.append(Block(opening.group(1).lower(), i + 1, "\n".join(lines[i + 1:end]),
+                            reason))
+        i = end + 1
+    return blocks
+
+
+def split_comment(line: str) -> tuple[str, str]:
+    """`cmd args  # note` -> ("cmd args", "note"): a # that starts a word outside quotes."""
+    quote = None
+    for k, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (k == 0 or line[k - 1].isspace()):
+            return line[:k].rstrip(), line[k + 1:].strip()
+    return line.rstrip(), ""
+
+
+def parse_commands(block: Block) -> list[Command]:
+    """One Command per line, joining `\\` continuations and the indented `[--flag]` lines of a
+    usage synopsis; comment-only lines are dropped (they may continue a previous comment)."""
+    commands: list[Command] = []
+    pending: tuple[int, str, str] | None = None  # a command still being continued
+    for number, raw in enumerate(block.text.splitlines(), start=block.line + 1):
+        if pending is None and raw.lstrip().startswith("["):
+            assert commands, f"README.md:{number}: a synopsis line with no command before it"
+            last = commands.pop()
+            pending = (last.line, last.text + " " + raw.strip(), last.comment)
+            continued = False
+        else:
+            code, comment = split_comment(raw)
+            continued = code.endswith("\\")
+            code = code.removesuffix("\\").strip()
+            if pending is not None:
+                pending = (pending[0], f"{pending[1]} {code}".strip(), pending[2] or comment)
+            elif code:
+                pending = (number, code, comment)
+        if pending is not None and not continued:
+            commands.append(Command(pending[0], re.sub(r"\s+", " ", pending[1]), pending[2]))
+            pending = None
+    assert pending is None, f"README.md:{block.line}: the block ends inside a `\\` continuation"
+    return commands
+
+
+# --------------------------------------------------------------------------- running commands
+
+@dataclass
+class Sandbox:
+    """The module's tiny data plus one command's temporary working directory."""
+    source: Path
+    prepared: Path
+    cwd: Path
+
+    def fields(self) -> dict[str, str]:
+        with socket.socket() as s:  # a free port for a local rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return {"source": str(self.source), "prepared": str(self.prepared),
+                "cwd": str(self.cwd), "port": str(port)}
+
+    def substitute(self, text: str) -> str:
+        fields = self.fields()
+        for token, stand_in in STAND_INS.items():
+            text = re.sub(rf"(?<![\w-]){re.escape(token)}(?![\w-])",
+                          lambda _: stand_in.format(**fields), text)
+        return text
+
+
+@dataclass
+class Ran:
+    command: Command
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    box: Sandbox
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def run_dir(self) -> Path:
+        """The run folder a train command names in its last line ("... results in RUNDIR")."""
+        found = re.findall(r"^done: .*; results in (\S+)$", self.stdout, re.M)
+        assert found, f"{self.command}: no `done: ... results in RUNDIR` line:\n{self.output}"
+        return self.box.cwd / found[-1]
+
+
+def environment() -> dict[str, str]:
+    # One thread per process: the box has 2 cores and other work running.
+    return {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "OMP_NUM_THREADS": "1"}
+
+
+def run_argv(argv: list[str], cwd: Path, timeout: float = 150) -> tuple[int, str, str]:
+    """Runs argv in its own process group, so a timeout also ends torchrun's ranks."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=environment(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(argv)} ran over {timeout} s:\n{out[-3000:]}\n{err[-3000:]}")
+    return proc.returncode, out, err
+
+
+# --------------------------------------------------------------------------- the rules
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: str                          # regex, matched against the whole README command
+    append: tuple[str, ...] = ()          # flags added at the end: the small sizes
+    setup: Callable | None = None         # setup(box) before the command runs
+    check: Callable | None = None         # check(ran) after it ran with the expected exit code
+    verify: Callable | None = None        # verify(command, box) *instead* of running it
+    exit_code: int = 0                    # a command the README documents as failing: its code
+
+
+def rule_for(command: Command) -> Rule:
+    matches = [r for r in RULES if re.fullmatch(r.pattern, command.text)]
+    if not matches:
+        pytest.fail(f"{command}\n  the README test has no rule for this command: add one to "
+                    f"RULES (and a stand-in to STAND_INS if it names new data) in "
+                    f"tests/test_readme.py, or mark its block <!-- readme-test: skip (REASON) -->")
+    return matches[0]
+
+
+def run_command(command: Command, box: Sandbox) -> Ran:
+    rule = rule_for(command)
+    if rule.verify is not None:
+        rule.verify(command, box)
+        return Ran(command, [], 0, "", "", box)
+    if rule.setup is not None:
+        rule.setup(box)
+    argv = [*shlex.split(box.substitute(command.text)), *rule.append]
+    code, out, err = run_argv(argv, box.cwd)
+    ran = Ran(command, argv, code, out, err, box)
+    assert code == rule.exit_code, (f"{command}\n  ran as: {shlex.join(argv)}\n  exit code "
+                                    f"{code}, expected {rule.exit_code}\n{out[-3000:]}\n"
+                                    f"{err[-3000:]}")
+    if rule.check is not None:
+        rule.check(ran)
+    return ran
+
+
+# ----- verifications for commands that install or build
+
+def makefile_text() -> str:
+    return (REPO / "Makefile").read_text()
+
+
+def verify_make(command: Command, box: Sandbox) -> None:
+    """`make TARGET`: the target exists and does what the README says; nothing is run (make
+    test runs this very test, make install reinstalls, make bench takes half an hour)."""
+    target = command.text.split()[1]
+    result = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO,
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "MAKEFLAGS": "", "MAKELEVEL": ""})
+    assert result.returncode == 0, f"{command}: `make -n {target}` fails:\n{result.stderr}"
+    last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    if target == "demo":
+        # `turbotrain demo` at its full size takes minutes; tests/test_demo.py runs it small.
+        assert last == ".venv/bin/turbotrain demo", result.stdout
+        demo_test = (REPO / "tests" / "test_demo.py").read_text()
+        assert '"-m", "turbotrain", "demo"' in demo_test and "--train-per-class" in demo_test
+    elif target == "test":
+        assert last == ".venv/bin/python -m pytest -q", result.stdout
+        testpaths = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"][
+            "ini_options"]["testpaths"]
+        assert testpaths == ["tests"]  # so `make test` runs this file too
+    elif target == "bench":
+        assert last == ".venv/bin/python bench/run_all.py", result.stdout
+        assert (REPO / "bench" / "run_all.py").is_file()
+
+
+def pyproject_requirements() -> dict[str, list[Requirement]]:
+    """{"": the dependencies, EXTRA: that extra's} from pyproject.toml."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    groups = {"": project["dependencies"], **project["optional-dependencies"]}
+    return {name: [Requirement(r) for r in reqs] for name, reqs in groups.items()}
+
+
+def verify_pip(command: Command, box: Sandbox) -> None:
+    """`pip install ...` (possibly `&&`-chained): each requirement parses, turbotrain[EXTRA]
+    names real extras, any other package is one pyproject declares with the same pin, and
+    `--no-build-isolation` is used exactly as the Makefile uses it."""
+    groups = pyproject_requirements()
+    declared = {r.name: r for reqs in groups.values() for r in reqs}
+    for part in " ".join(shlex.split(command.text)).split(" && "):
+        words = part.split()
+        assert words[:2] == ["pip", "install"], f"{command}: {part!r} is not a pip install"
+        options = [w for w in words[2:] if w.startswith("-")]
+        assert set(options) <= {"--no-build-isolation"}, f"{command}: unknown options {options}"
+        for text in (w for w in words[2:] if not w.startswith("-")):
+            req = Requirement(text)
+            if req.name == "turbotrain":
+                unknown = req.extras - (set(groups) - {""})
+                assert req.extras and not unknown, f"{command}: pyproject has no extra {unknown}"
+                # A package named in the comment is one that extra installs.
+                named = re.match(r"[A-Za-z0-9][\w.-]*", command.comment or "")
+                if named:
+                    names = {r.name for extra in req.extras for r in groups[extra]}
+                    assert named.group(0) in names, f"{command}: {named.group(0)} not in {names}"
+                continue
+            assert req.name in declared, (f"{command}: {req.name} is not declared in pyproject;"
+                                          f" declare it, or give it a rule in RULES")
+            if req.specifier:
+                assert req.specifier == declared[req.name].specifier, (command, declared[req.name])
+            if options:
+                assert f'{" ".join(options)} "{req}"' in makefile_text(), (
+                    f"{command}: the Makefile does not install {req} with {options}")
+
+
+def verify_apt(command: Command, box: Sandbox) -> None:
+    """`apt-get install ...`: the same packages `make install` installs (Makefile APT_PACKAGES)."""
+    words = shlex.split(command.text)[2:]
+    packages = [w for w in words if not w.startswith("-")]
+    assert set(words) - set(packages) <= {"-y", "--no-install-recommends"}, command
+    apt = re.search(r"^APT_PACKAGES := (.*)$", makefile_text(), re.M).group(1).split()
+    missing = set(packages) - set(apt)
+    assert packages and not missing, f"{command}: not in the Makefile's APT_PACKAGES: {missing}"
+
+
+def verify_prepare_synopsis(command: Command, box: Sandbox) -> None:
+    """`prepare-dataset SOURCE OUT [--flag VALUE] ...`: every optional flag exists, `a|b|c` are
+    exactly its choices, a number shown is its default; then it runs once bare, once with every
+    flag (the first choice each), and once per other choice."""
+    from turbotrain.cli import add_prepare_arguments
+    parser = argparse.ArgumentParser()
+    add_prepare_arguments(parser)
+    actions = {s: a for a in parser._actions for s in a.option_strings}
+    placeholders = {"N": "1", "F": "0.25"}  # --workers N, --val-fraction F
+    base = command.text.split(" [", 1)[0]
+    first, others = [], []
+    for flag, value in re.findall(r"\[(--[\w-]+)(?: ([^\]]+))?\]", command.text):
+        assert flag in actions, f"{command}: prepare-dataset has no {flag}"
+        action = actions[flag]
+        if not value:
+            assert action.nargs == 0, f"{command}: {flag} takes a value"
+            first.append(flag)
+        elif "|" in value:
+            assert value.split("|") == list(action.choices), (flag, action.choices)
+            first += [flag, value.split("|")[0]]
+            others += [[flag, choice] for choice in value.split("|")[1:]]
+        elif value in placeholders:
+            first += [flag, placeholders[value]]
+        else:
+            assert action.type(value) == action.default, f"{command}: {flag} default is " \
+                                                         f"{action.default}, not {value}"
+            first += [flag, value]
+    assert base == "prepare-dataset SOURCE OUT" and first, command
+    for k, extra in enumerate([[], first, *others]):
+        out = box.cwd / f"synopsis-{k}"
+        argv = [*shlex.split(box.substitute(base)), *extra, "--workers", "1"]  # 1 process
+        argv[2] = str(out)  # OUT is a fresh folder here, not the prepared stand-in
+        code, stdout, stderr = run_argv(argv, box.cwd)
+        assert code == 0, f"{command}\n  ran as: {shlex.join(argv)}\n{stderr[-2000:]}"
+        assert (out / "dataset.json").is_file() and f"prepared {out}" in stdout
+
+
+# ----- setups
+
+def write_run_yaml(box: Sandbox) -> None:
+    (box.cwd / "run.yaml").write_text(RUN_YAML)
+
+
+def stopped_run(box: Sandbox) -> None:
+    """A run in runs/a that stopped after 2 of its 3 steps, for `--out runs/a --resume`."""
+    argv = ["train", "--data", str(box.prepared), "--out", "runs/a", *TRAIN_SMALL,
+            "--max-steps", "2", "--log-every", "1"]
+    code, _, err = run_argv(argv, box.cwd)
+    assert code == 0, err
+
+
+# ----- checks
+
+def readme_backticked_after(phrase: str) -> list[str]:
+    """The `names` in the README sentence that starts at `phrase`, up to its full stop."""
+    text = README.read_text()
+    start = text.index(phrase)
+    sentence = text[start:re.compile(r"\.(\s|$)").search(text, start).start()]
+    return re.findall(r"`([^`]+)`", sentence[len(phrase):])
+
+
+def check_inspect(ran: Ran) -> None:
+    """"splits, counts, classes, encoding mix, sizes"."""
+    from turbotrain.datasets.synthetic import CLASSES
+    out = ran.stdout
+    assert all(c in out for c in CLASSES), out
+    assert re.search(r"train: \d+ images \(\d+ jpeg, \d+ raw\)", out), out
+    assert re.search(r"val: \d+ images", out) and "size " in out, out
+
+
+def check_verify(ran: Ran) -> None:
+    assert ran.stdout.strip().endswith(": ok"), ran.stdout
+
+
+def check_bench(ran: Ran) -> None:
+    """A rate per requested pipeline, plus the bare JPEG-decode rate of the same bytes."""
+    asked = ran.argv[ran.argv.index("--pipeline") + 1:]
+    asked = asked[:next((k for k, w in enumerate(asked) if w.startswith("-")), len(asked))]
+    for name in [*asked, "bare_decode"]:
+        row = re.search(rf"^{name}\s+(\S.*)$", ran.stdout, re.M)
+        assert row, f"no {name} row:\n{ran.stdout}"
+        no_gpu = "cuda" in row.group(1).lower() or "gpu" in row.group(1).lower()
+        assert re.match(r"[\d,]+\s", row.group(1)) or no_gpu, f"{name}: {row.group(0)}"
+
+
+def check_train(ran: Ran) -> None:
+    """The run folder and summary.json hold what "Reading the run report" and "Where the time
+    goes" list, and each flag in the command did what it says."""
+    run_dir = ran.run_dir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    if "--out" not in ran.command.text:  # default: runs/<dataset>-<model>-<time>
+        assert re.fullmatch(rf"runs/{ran.box.prepared.name}-{summary['model']}-\d{{8}}-\d{{6}}",
+                            str(run_dir.relative_to(ran.box.cwd))), run_dir
+    files = [f for f in readme_backticked_after("The run folder (`--out`") if "." in f]
+    assert set(files) >= {"config.yaml", "metrics.jsonl", "summary.json", "curves.png"}, files
+    for name in [*files, "timeline.png", "checkpoint.pt"]:
+        assert (run_dir / name).is_file(), f"{run_dir} has no {name}"
+    keys = readme_backticked_after("`summary.json` has ")
+    assert len(keys) > 10 and not set(keys) - set(summary), set(keys) - set(summary)
+    assert summary["diagnosis"] and re.search(r"^bottleneck: ", ran.stdout, re.M), ran.stdout
+    words = ran.command.text.split()
+    if "--model" in words:
+        assert summary["model"] == config["model"] == words[words.index("--model") + 1]
+    if "--accum-steps" in words:
+        assert summary["accum_steps"] == int(words[words.index("--accum-steps") + 1])
+    if "--config" in words:  # the file's settings apply, the flags given win over them
+        assert config["model"] == "resnet18" and config["label-smoothing"] == 0.0
+        assert config["lr"] == float(words[words.index("--lr") + 1]) != 0.05
+    if "--profile" in words:
+        assert json.loads((run_dir / "trace.json").read_text())
+        assert (run_dir / "profile.txt").read_text().strip()
+    if words == ["train", "--data", "OUT"]:  # "each choice printed with its reason"
+        for choice in ("device", "model", "precision", "compile", "pipeline", "threads"):
+            assert re.search(rf"^  {choice}: .+?: \S", ran.stdout, re.M), (choice, ran.stdout)
+        check_config_reruns(ran, run_dir, config)
+
+
+def check_config_reruns(ran: Ran, run_dir: Path, config: dict) -> None:
+    """"config.yaml (the resolved settings: rerun them with --config and a new --out)"."""
+    argv = ["train", "--config", str(run_dir / "config.yaml"), "--out", "runs/rerun"]
+    code, _, err = run_argv(argv, ran.box.cwd)
+    assert code == 0, err
+    again = yaml.safe_load((ran.box.cwd / "runs" / "rerun" / "config.yaml").read_text())
+    assert {**again, "out": None} == {**config, "out": None}
+
+
+def check_resumed(ran: Ran) -> None:
+    steps = [json.loads(line)["step"] for line in
+             (ran.run_dir() / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "step"]
+    assert steps == [1, 2, 3] and "resuming" in ran.stdout, (steps, ran.stdout)
+
+
+def check_tune(ran: Ran) -> None:
+    """It prints the train command it recommends, and that command runs; with a global batch
+    it reaches it with --accum-steps."""
+    found = re.search(r"^recommended: (turbotrain train .*)$", ran.stdout, re.M)
+    assert found, ran.stdout
+    recommended = shlex.split(found.group(1))
+    assert recommended[2:4] == ["--data", str(ran.box.prepared)], recommended
+    words = ran.command.text.split()
+    if "--global-batch-size" in words:
+        batch = int(recommended[recommended.index("--batch-size") + 1])
+        accum = int(recommended[recommended.index("--accum-steps") + 1])
+        assert batch * accum == int(words[words.index("--global-batch-size") + 1])
+    else:
+        argv = [*recommended, "--epochs", "1", "--max-steps", "2", "--device", "cpu",
+                "--out", "runs/recommended"]
+        code, _, err = run_argv(argv, ran.box.cwd)
+        assert code == 0, f"{shlex.join(argv)}\n{err[-2000:]}"
+
+
+def check_info(ran: Ran) -> None:
+    """"versions, CPU features, GPUs, usable pipelines, and what train would pick here"."""
+    for heading in ("versions:", "CPU:", "GPUs:", "pipelines:", "train would pick:"):
+        assert re.search(rf"^{heading}", ran.stdout, re.M), (heading, ran.stdout)
+
+
+def check_torchrun(ran: Ran) -> None:
+    """Two ranks trained one run; only rank 0 printed and wrote."""
+    summary = json.loads((ran.run_dir() / "summary.json").read_text())
+    assert summary["world_size"] == 2, summary
+    assert ran.stdout.count("done: ") == 1, ran.stdout
+
+
+# README command (regex over the whole command, comments dropped) -> how the test runs it. The
+# first rule that matches wins.
+RULES = [
+    Rule(r"make (demo|test|bench|install)", verify=verify_make),
+    Rule(r"pip install .*", verify=verify_pip),
+    Rule(r"apt-get install .*", verify=verify_apt),
+    Rule(r"prepare-dataset SOURCE OUT \[.*", verify=verify_prepare_synopsis),
+    Rule(r"turbotrain inspect OUT", check=check_inspect),
+    Rule(r"turbotrain verify OUT", check=check_verify),
+    Rule(r"turbotrain bench --data OUT .*", append=BENCH_SMALL, check=check_bench),
+    Rule(r"train --data OUT --out (\S+) --resume", setup=stopped_run, append=TRAIN_SMALL,
+         check=check_resumed),
+    Rule(r"train --data OUT --config run\.yaml .*", setup=write_run_yaml, append=TRAIN_SMALL,
+         check=check_train),
+    Rule(r"train --data OUT( .*)?", append=TRAIN_SMALL, check=check_train),
+    Rule(r"turbotrain tune --data OUT( .*)?", append=TUNE_SMALL, check=check_tune),
+    Rule(r"turbotrain info", check=check_info),
+    Rule(r"torchrun .*-m turbotrain train .*", append=TRAIN_SMALL_DDP, check=check_torchrun),
+]
+
+
+# --------------------------------------------------------------------------- the tests
+
+BLOCKS = parse_blocks(README.read_text())
+COMMANDS = [c for b in BLOCKS if b.language in COMMAND_LANGUAGES and b.skip_reason is None
+            for c in parse_commands(b)]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> tuple[Path, Path]:
+    """(SOURCE, OUT): an ImageFolder of 60 photo-like JPEGs (10 classes, 80x64: above the
+    64 px raw threshold, so JPEG-decoding pipelines decode), prepared with a 20% val split."""
+    from turbotrain.cli import main as turbotrain_main
+    from turbotrain.datasets.synthetic import write_shapes_imagefolder
+    root = tmp_path_factory.mktemp("readme")
+    source = write_shapes_imagefolder(root / "photos", train_per_class=6, val_per_class=0,
+                                      size=(80, 64), threads=1) / "train"
+    prepared = root / "prepared"
+    assert turbotrain_main(["prepare", str(source), str(prepared), "--val-fraction", "0.2",
+                            "--workers", "1"]) == 0
+    return source, prepared
+
+
+@pytest.fixture
+def box(tiny_data, tmp_path) -> Sandbox:
+    return Sandbox(*tiny_data, cwd=tmp_path)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: f"L{c.line} {c.text[:50]}")
+def test_readme_command(command: Command, box: Sandbox):
+    run_command(command, box)
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.language == "python"],
+                         ids=lambda b: f"L{b.line}")
+def test_readme_python_block(block: Block, box: Sandbox, monkeypatch):
+    monkeypatch.chdir(box.cwd)
+    namespace: dict = {}
+    exec(compile(box.substitute(block.text), f"README.md:{block.line}", "exec"), namespace)
+    if "open_dataset" in block.text:  # what its comments say
+        ds, stored, image = namespace["ds"], namespace["stored"], namespace["image"]
+        assert len(ds) > 0 and ds.classes and np.asarray(ds.labels).dtype == np.int64
+        assert bytes(stored[:2]) == b"\xff\xd8"  # 80x64 photos are stored as JPEG, undecoded
+        assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+        from turbotrain.datasets import open_dataset
+        assert len(open_dataset(box.prepared / "train.beton")) == len(ds)  # a bare .beton
+
+
+def test_readme_blocks_are_all_known():
+    """Every block is one the test handles, skips are few and explained, and every rule and
+    stand-in is still used (so the tables follow the README)."""
+    assert COMMANDS, "no commands found in the README"
+    for block in BLOCKS:
+        assert block.language in COMMAND_LANGUAGES | PASSIVE_LANGUAGES | {"python"}, (
+            f"README.md:{block.line}: a ```{block.language} block: add it to the languages the "
+            f"README test handles (tests/test_readme.py) or mark it readme-test: skip (REASON)")
+        if block.language == "yaml" and block.skip_reason is None:
+            check_yaml_is_a_train_config(block)
+    skipped = [b for b in BLOCKS if b.skip_reason is not None]
+    counts: dict[str, int] = {}
+    for block in skipped:
+        assert block.skip_reason, f"README.md:{block.line}: a readme-test skip needs a (REASON)"
+        programs = {c.text.split()[0] for c in parse_commands(block)} or {block.language}
+        assert len(programs) == 1 and programs <= set(ALLOWED_SKIPS), (
+            f"README.md:{block.line}: skipped block runs {programs}; ALLOWED_SKIPS lists the "
+            f"skippable ones: run it instead, or add it there on purpose")
+        program = programs.pop()
+        counts[program] = counts.get(program, 0) + 1
+    assert counts == ALLOWED_SKIPS, f"skipped blocks {counts}, ALLOWED_SKIPS {ALLOWED_SKIPS}"
+    used = {r.pattern for c in COMMANDS for r in RULES if re.fullmatch(r.pattern, c.text)}
+    assert not {r.pattern for r in RULES} - used, "rules no README command uses any more"
+    text = " ".join(c.text for c in COMMANDS) + " ".join(
+        b.text for b in BLOCKS if b.language == "python")
+    unused = [t for t in STAND_INS if not re.search(rf"(?<![\w-]){re.escape(t)}(?![\w-])", text)]
+    assert not unused, f"stand-ins for tokens the README no longer has: {unused}"
+
+
+def check_yaml_is_a_train_config(block: Block) -> None:
+    from turbotrain.train.config import TrainConfig
+    keys = set(yaml.safe_load(block.text) or {})
+    known = {name.replace("_", "-") for name in TrainConfig.__dataclass_fields__}
+    assert keys <= known, f"README.md:{block.line}: not train settings: {keys - known}"
+
+
+def test_flags_in_the_training_table_exist():
+    """The "flags that matter most" table names real train flags."""
+    from turbotrain.train.cli import add_train_arguments
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    known = {s for a in parser._actions for s in a.option_strings}
+    rows = re.findall(r"^\| (`--.*?) \|", README.read_text(), re.M)
+    flags = {f for row in rows for f in re.findall(r"`(--[\w-]+)`", row)}
+    assert len(flags) > 10 and not flags - known, flags - known
+
+
+# ----- the harness itself: an unknown command fails, a skip needs its reason
+
+SAMPLE = """\
+```bash
+turbotrain inspect OUT   # ok
+turbotrain frobnicate OUT
+torchrun --nnodes 4 \\
+    -m turbotrain train --data OUT
+# a comment
+prepare-dataset SOURCE OUT [--encoding auto|jpeg|raw]
+                [--overwrite]
+```
+
+<!-- readme-test: skip () -->
+```bash
+docker build .
+```
+"""
+
+
+def test_parser_and_unknown_commands_fail_loudly():
+    blocks = parse_blocks(SAMPLE)
+    assert [b.skip_reason for b in blocks] == [None, ""]
+    commands = parse_commands(blocks[0])
+    assert [(c.line, c.text, c.comment) for c in commands] == [
+        (2, "turbotrain inspect OUT", "ok"),
+        (3, "turbotrain frobnicate OUT", ""),
+        (4, "torchrun --nnodes 4 -m turbotrain train --data OUT", ""),
+        (7, "prepare-dataset SOURCE OUT [--encoding auto|jpeg|raw] [--overwrite]", "")]
+    assert rule_for(commands[0]).check is check_inspect
+    with pytest.raises(pytest.fail.Exception, match="no rule for this command: add one"):
+        rule_for(commands[1])
