@@ -9,8 +9,8 @@ fashion-mnist): 60,000 train images, evaluated on the 10,000 test images after e
 
 * turbotrain: `python -m turbotrain prepare SRC OUT`, then `python -m turbotrain train --data OUT
   --out RUN --epochs E`, nothing else set (it picks compact28, bf16 autocast, channels_last, the
-  resident pipeline, batch 128 and the thread budget). The time to target is read from
-  RUN/metrics.jsonl.
+  resident pipeline, batch 128 and the thread budget, and keeps freed host memory for reuse:
+  see turbotrain/train/host_memory.py). The time to target is read from RUN/metrics.jsonl.
 * plain PyTorch (the `plain_pytorch` section below): a custom `Dataset` over the idx.gz files
   read with numpy, per-sample torchvision transforms (the trainer's 28 px augmentation: reflect
   pad 4 + random crop + flip), `DataLoader(batch_size=128, shuffle=True, num_workers=2)`, the

@@ -21,6 +21,7 @@ from .distributed import (DistEnv, broadcast_object, convert_sync_batchnorm,
                           init_process_group, wrap_model)
 from .ema import ModelEMA
 from .errors import TrainError
+from .host_memory import keep_freed_memory
 from .loop import StepEngine
 from .models import Classifier, build_model
 from .report import CURVES_NAME, METRICS_NAME, SUMMARY_NAME
@@ -67,6 +68,10 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     device_choice = choose_device(config.device, env.local_rank)
     device = decide("device", device_choice.value, device_choice.reason)
     init_process_group(env, device, config.dist_timeout)
+    # Before the pipelines and the model allocate anything (pipeline worker processes fork later
+    # and inherit it); host allocations are every step's on the CPU, the loader's on CUDA.
+    kept, why = keep_freed_memory()
+    decide("host_memory", "kept for reuse" if kept else "glibc defaults", why)
 
     train_data = open_split(config.data, "train")
     val_data, val_missing = open_val_split(config.data)

@@ -1,0 +1,50 @@
+"""keep_freed_memory: glibc serves big blocks from the heap instead of a fresh mmap each time."""
+import subprocess
+import sys
+
+import pytest
+
+# A fresh interpreter each time: glibc's mmap threshold adapts upwards as a process frees mmapped
+# blocks, so only a new process shows the default behaviour reliably.
+PROBE = """
+import ctypes, sys
+sys.path.insert(0, {root!r})
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+if {apply}:
+    from turbotrain.train.host_memory import keep_freed_memory
+    assert keep_freed_memory()[0]
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(24 * 2**20)  # an activation-sized block, under the 32 MiB cap
+mmapped = libc.mallinfo2().hblkhd - before
+libc.free(block)
+print(mmapped)
+"""
+
+
+def mmapped_bytes_of_a_24_mib_block(apply: bool) -> int:
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", PROBE.format(root=root, apply=apply)],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_big_blocks_come_from_the_heap_once_applied():
+    assert mmapped_bytes_of_a_24_mib_block(apply=False) >= 24 * 2**20  # glibc's default: mmap
+    assert mmapped_bytes_of_a_24_mib_block(apply=True) == 0
+
+
+def test_says_what_it_did():
+    from turbotrain.train.host_memory import keep_freed_memory
+    applied, reason = keep_freed_memory()
+    assert reason and "\n" not in reason
+    if sys.platform.startswith("linux"):
+        assert applied

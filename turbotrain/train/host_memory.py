@@ -1,0 +1,47 @@
+"""Keeping freed host memory in the process, so CPU training steps stop page-faulting.
+
+A CPU training step allocates and frees its activations and gradients every time (compact28 at
+batch 128: dozens of tensors of up to 13 MB). By default glibc gives each block above its mmap
+threshold (128 KiB, adapting upwards) its own mmap, unmaps it on free, and hands the top of the
+heap back to the OS past its trim threshold; so every step page-faults those megabytes in again
+and the kernel zeroes them. Raising both thresholds keeps the memory in the heap for reuse.
+Measured on the 2-core dev box, compact28 on Fashion-MNIST in bf16, 200 steps, two runs each:
+2,511 / 2,861 images/s with glibc's defaults, 3,783 / 3,969 with these settings (1.4x), and the
+same losses. The cost: memory a step freed stays in the process (peak RSS of that run: 1,467
+-> 1,550 MiB).
+
+Only glibc has `mallopt`; elsewhere (macOS, musl) this does nothing and says so.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+# mallopt parameters, from glibc's <malloc.h>.
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+# glibc caps the mmap threshold at 32 MiB on 64-bit (HEAP_MAX_SIZE / 2): larger blocks still get
+# their own mmap, which is cheap next to the work done on 32 MiB.
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+# Freed memory at the top of the heap is kept up to this much (a C int, so below 2 GiB).
+TRIM_THRESHOLD_BYTES = 2**30
+
+
+def keep_freed_memory() -> tuple[bool, str]:
+    """Sets glibc's mmap and trim thresholds for this process (and processes it forks later).
+    Returns (applied, reason) for the trainer's printed decisions."""
+    if not sys.platform.startswith("linux"):
+        return False, f"{sys.platform}: glibc's mallopt is Linux-only"
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False, "the C library has no mallopt (not glibc)"
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    if not (mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+            and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)):
+        return False, "glibc refused the mallopt settings"
+    return True, ("glibc keeps freed blocks up to 32 MiB for reuse instead of unmapping them: "
+                  "measured 1.4x faster CPU steps (no page faults each step)")
