@@ -134,10 +134,13 @@ def render_pipelines(data: dict, where: Where) -> Body:
     goal_rows = []
     for g in data.get("goals", []):
         pair = f"`{g['ours']}` / `{g['theirs']}`"
-        goal_rows.append([pair, f">= {g['goal']}x", times(g.get("ratio_images_per_second")),
-                          times(g.get("ratio_images_per_cpu_second")), met_text(g.get("met"))])
-        body.goals.append(Goal("pipelines", pair, f">= {g['goal']}x",
-                               times(g.get("ratio_images_per_second")) or "-", g.get("met")))
+        wanted = f">= {g['goal']}x" if g.get("goal") else "none (comparison)"
+        goal_rows.append([pair, wanted, times(g.get("ratio_images_per_second")),
+                          times(g.get("ratio_images_per_cpu_second")),
+                          met_text(g.get("met")) if g.get("goal") else ""])
+        if g.get("goal"):
+            body.goals.append(Goal("pipelines", pair, wanted,
+                                   times(g.get("ratio_images_per_second")) or "-", g.get("met")))
     if goal_rows:
         body.lines += md_table(["ours / theirs", "goal", "ratio (images/s)",
                                 "ratio (per CPU-second)", ""], goal_rows)

@@ -50,7 +50,9 @@ def fake_results(folder: Path) -> None:
                    "ratio_images_per_second": 1.75, "ratio_images_per_cpu_second": 1.67,
                    "met": True},
                   {"ours": "resident_cifar", "theirs": "ffcv_cifar", "goal": 6.0,
-                   "ratio_images_per_second": 5.24, "met": False}]})
+                   "ratio_images_per_second": 5.24, "met": False},
+                  {"ours": "pytorch", "theirs": "torchvision_simd", "goal": None,
+                   "ratio_images_per_second": 1.81, "met": None}]})
     write("engines", {"command": "python bench/bench_engines.py --rounds 3", "workers": 2,
                       "rounds": 3, "photos": {"images": 300, "size": "500x375 q90",
                                               "batch_size": 64, "image_size": 224},
@@ -115,6 +117,9 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     assert "| prepare | prepare-dataset / FFCV DatasetWriter | >= 1.5x | 2.00x | met |" in text
     assert "| pipelines | `pytorch` / `ffcv` | >= 1.2x | 1.75x | met |" in text
     assert "| pipelines | `resident_cifar` / `ffcv_cifar` | >= 6.0x | 5.24x | **not met** |" in text
+    # A comparison without a goal is shown in its section, never in the goals table.
+    assert "| `pytorch` / `torchvision_simd` | none (comparison) | 1.81x |" in text
+    assert "| pipelines | `pytorch` / `torchvision_simd`" not in text
     assert ">= 3x | 3.46x | met |" in text
     # the numbers of each benchmark
     for number in ("1,234", "617", "3,111", "1,100,000", "failed: exit 1: no DALI",
