@@ -7,7 +7,8 @@ Each (model, image size) is timed in four settings: fp32 contiguous (the naive b
 fp32 channels_last, bf16 autocast contiguous and bf16 autocast channels_last (the trainer's
 CPU default where the CPU has native bf16). A step is exactly the trainer's: `StepEngine`
 (uint8 input stem, forward and label-smoothed loss under autocast, backward, Nesterov SGD,
-LR schedule), on random uint8 images already in memory, so only compute is timed. Two untimed
+LR schedule), on random uint8 images already in memory, so only compute is timed; freed host
+memory is kept for reuse as in the trainer (turbotrain/train/host_memory.py). Two untimed
 warm-up steps per setting, then `--steps` timed ones; settings run `--rounds` times interleaved
 and the best round counts (the machine is shared). Writes bench/results/train_precision.json.
 """
@@ -76,6 +77,10 @@ def main() -> int:
     import torch
     torch.set_num_threads(args.threads)
     from turbotrain.train.device import cpu_has_native_bf16
+    from turbotrain.train.host_memory import keep_freed_memory
+    # As the trainer does: otherwise glibc's adaptive mmap threshold makes each setting's speed
+    # depend on what the settings before it happened to allocate and free.
+    host_memory_kept, _ = keep_freed_memory()
 
     results = []
     for entry in args.models.split(","):
@@ -99,6 +104,7 @@ def main() -> int:
     RESULTS.write_text(json.dumps({
         "cpu_native_bf16": cpu_has_native_bf16(), "threads": args.threads,
         "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds,
+        "host_memory_kept": host_memory_kept,
         "load_average": os.getloadavg(), "torch": torch.__version__, "results": results},
         indent=2) + "\n")
     print(f"wrote {RESULTS}")
