@@ -93,9 +93,20 @@ def fake_results(folder: Path) -> None:
                           "seconds_per_epoch": 140.0,
                           "process_seconds": 430.0, "curve": [[140.0, 0.86], [281.7, 0.902],
                                                               [420.0, 0.9101]],
-                          "settings": {"precision": "fp32", "channels_last": False}}})
-    write("ddp", {"world_size": 2, "scaling": 1.71, "results": [
-        {"ranks": 1, "images_per_second": 1000.0}, {"ranks": 2, "images_per_second": 1710.0}]})
+                          "settings": {"precision": "fp32", "channels_last": False}},
+        "plain_pytorch_user_recipe": {
+            "seconds_to_target": None, "epochs_to_target": None, "final_accuracy": 0.8986,
+            "images_per_second": 455.0, "seconds_per_epoch": 139.0, "process_seconds": 425.0,
+            "curve": [[139.0, 0.84], [278.0, 0.888], [417.0, 0.8986]],
+            "settings": {"recipe": "a user's usual: Adam lr 1e-3"}},
+        "speedup_vs_user_recipe": 5.117, "speedup_vs_user_recipe_is_lower_bound": True})
+    write("ddp", {"global_batch": 64, "rounds": 2, "cores": 2, "results": [
+        {"model": "compact28", "layout": "1 process x 1 thread", "processes": 1,
+         "images_per_second": 1000.0, "data_wait_fraction": 0.005},
+        {"model": "compact28", "layout": "2 processes x 1 thread, DDP", "processes": 2,
+         "images_per_second": 1710.0, "data_wait_fraction": 0.022,
+         "speedup_vs_one_process": 1.71,
+         "gradient_allreduce": {"gradient_megabytes": 0.55, "median_ms": 0.62}}]})
 
 
 def render(tmp_path: Path) -> str:
@@ -121,6 +132,12 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     assert "| `pytorch` / `torchvision_simd` | none (comparison) | 1.81x |" in text
     assert "| pipelines | `pytorch` / `torchvision_simd`" not in text
     assert ">= 3x | 3.46x | met |" in text
+    assert ("| compact28 | 2 processes x 1 thread, DDP | 1,710 | 1.71x | 2.20% | 0.6 MB in "
+            "0.62 ms (median) |") in text
+    # the user-recipe baseline: its row, a lower bound, and no second goal
+    assert "| plain PyTorch, a user's recipe | not reached |" in text
+    assert "did not reach 90% in 3 epochs (final 89.86%): turbotrain is at least 5.12x" in text
+    assert text.count("| time_to_accuracy |") == 1
     # the numbers of each benchmark
     for number in ("1,234", "617", "3,111", "1,100,000", "failed: exit 1: no DALI",
                    "0.75x", "2,212.6", "2.28x", "81.5", "281.7", "91.34%", "counting the "
@@ -262,6 +279,17 @@ def test_run_all_suite_names_every_benchmark_script():
 
 
 # -- bench_time_to_accuracy -----------------------------------------------------------------------
+def test_user_recipe_speedup_is_exact_or_a_lower_bound():
+    reached = {"seconds_to_target": 100.0, "curve": [[50.0, 0.88], [100.0, 0.9]]}
+    assert tta.user_recipe_speedup(reached, 25.0) == {
+        "speedup_vs_user_recipe": 4.0, "speedup_vs_user_recipe_is_lower_bound": False}
+    # Never reached: its whole training time over ours is the most it can be held to.
+    missed = {"seconds_to_target": None, "curve": [[50.0, 0.8], [150.0, 0.89]]}
+    assert tta.user_recipe_speedup(missed, 30.0) == {
+        "speedup_vs_user_recipe": 5.0, "speedup_vs_user_recipe_is_lower_bound": True}
+    assert tta.user_recipe_speedup(missed, None)["speedup_vs_user_recipe"] is None
+
+
 def test_time_to_target_parsing_of_a_metrics_file(tmp_path):
     lines = [{"kind": "step", "epoch": 0, "step": 20, "loss": 1.8, "time": 8.0},
              {"kind": "epoch", "epoch": 0, "step": 469, "val_accuracy": 0.871, "time": 40.2},
@@ -310,7 +338,7 @@ def test_time_to_accuracy_quick_runs_both_sides_end_to_end(tmp_path):
     assert tta.main(["--quick", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["quick"] and result["train_images"] == tta.QUICK["train"]
-    for side in ("turbotrain", "plain_pytorch"):
+    for side in ("turbotrain", "plain_pytorch", "plain_pytorch_user_recipe"):
         r = result[side]
         assert 0.2 < r["final_accuracy"] <= 1.0  # learnt something in 15 steps
         assert r["images_per_second"] > 0 and len(r["curve"]) == result["epochs"]
