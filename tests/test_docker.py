@@ -25,6 +25,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from .readme_blocks import Block, parse_blocks, parse_commands
+
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 PYPROJECT = REPO / "pyproject.toml"
@@ -32,8 +34,9 @@ README = REPO / "README.md"
 DOCKERIGNORE = REPO / ".dockerignore"
 PILLOW_SIMD_SCRIPT = REPO / "scripts" / "build_pillow_simd.py"
 # The line before the README's docker block: tests/test_readme.py does not run such blocks.
-README_SKIP = ("<!-- readme-test: skip (docker: no engine on CI; the Dockerfile is linted and "
-               "its pins checked by tests/test_docker.py) -->")
+README_SKIP_REASON = ("docker: no engine on CI; the Dockerfile is linted and its pins checked "
+                      "by tests/test_docker.py")
+README_SKIP = f"<!-- readme-test: skip ({README_SKIP_REASON}) -->"
 # Packages the Dockerfile must pin, besides pyproject's DALI package.
 MUST_PIN = ("numpy", "numba", "ffcv")
 # pytorch/pytorch:<torch>-cuda<major>.<minor>-cudnn<N>-<runtime|devel>
@@ -288,14 +291,10 @@ def docker_section(readme: str) -> str:
     return found[1]
 
 
-def docker_commands(section: str) -> list[list[str]]:
+def docker_commands(blocks: list[Block]) -> list[list[str]]:
     """Each command of the section's ```bash blocks, split like a shell would."""
-    commands = []
-    for block in re.findall(r"^```bash\n(.*?)^```", section, re.M | re.S):
-        joined = re.sub(r"\\\n\s*", " ", block)
-        commands += [shlex.split(line) for line in joined.splitlines()
-                     if line.strip() and not line.lstrip().startswith("#")]
-    return commands
+    return [shlex.split(command.text) for block in blocks if block.language == "bash"
+            for command in parse_commands(block)]
 
 
 # docker run options that take no value (the others take the next word, or `=value`).
@@ -330,11 +329,12 @@ def test_readme_docker_commands_are_turbotrain_commands():
     from turbotrain.cli import ALIASES, COMMANDS, build_parser
 
     section = docker_section(README.read_text())
-    for fence in re.finditer(r"^```bash\n", section, re.M):
-        before = section[:fence.start()].rstrip("\n").splitlines()
-        assert before and before[-1] == README_SKIP, (
+    lines, blocks = section.splitlines(), parse_blocks(section)
+    for block in blocks:
+        before = [line for line in lines[:block.line - 1] if line.strip()]
+        assert block.skip_reason == README_SKIP_REASON and before[-1] == README_SKIP, (
             f"README's Docker block must follow the line {README_SKIP}")
-    commands = docker_commands(section)
+    commands = docker_commands(blocks)
     builds = [c for c in commands if c[:2] == ["docker", "build"]]
     assert builds, "the Docker section shows no docker build"
     tag = builds[0][builds[0].index("-t") + 1]
