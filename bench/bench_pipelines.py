@@ -171,8 +171,11 @@ def _ffcv(name: str, data: str, args) -> dict:
                                       SimpleRGBImageDecoder)
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, ToTensor, ToTorchImage
+
+    from turbotrain.pipeline.augment import SMALL_IMAGE_PADDING  # the same shift as `resident`
     if name == "ffcv_cifar":
-        image = [SimpleRGBImageDecoder(), RandomHorizontalFlip(), RandomTranslate(padding=4),
+        image = [SimpleRGBImageDecoder(), RandomHorizontalFlip(),
+                 RandomTranslate(padding=SMALL_IMAGE_PADDING),
                  ToTensor(), ToTorchImage()]
     else:
         size = (args.image_size, args.image_size)

@@ -1,7 +1,7 @@
 """Time to 90 % on Fashion-MNIST: `turbotrain train` with its defaults against the plain PyTorch
 script a user would write (issue #5; goal: >= 3x faster to the same accuracy).
 
-    .venv/bin/python bench/bench_time_to_accuracy.py [--epochs 3] [--rounds 1]
+    .venv/bin/python bench/bench_time_to_accuracy.py [--epochs 2] [--rounds 1]
     .venv/bin/python bench/bench_time_to_accuracy.py --quick     # smoke: a 2,000-image slice, ~30 s
 
 Data: the real Fashion-MNIST idx files (Debian's dataset-fashion-mnist, /usr/share/datasets/
@@ -13,7 +13,7 @@ fashion-mnist): 60,000 train images, evaluated on the 10,000 test images after e
   see turbotrain/train/host_memory.py). The time to target is read from RUN/metrics.jsonl.
 * plain PyTorch (the `plain_pytorch` section below): a custom `Dataset` over the idx.gz files
   read with numpy, per-sample torchvision transforms (the trainer's 28 px augmentation: reflect
-  pad 4 + random crop + flip), `DataLoader(batch_size=128, shuffle=True, num_workers=2)`, the
+  pad 2 + random crop + flip), `DataLoader(batch_size=128, shuffle=True, num_workers=2)`, the
   same compact28 net, fp32, eager, contiguous, default torch threads, and the same recipe
   (Nesterov SGD at compact28's LR, label smoothing 0.1, 5 % linear warm-up then cosine, E
   epochs): only the engineering differs, not the maths. The goal is judged against it.
@@ -62,14 +62,15 @@ sys.path.insert(0, str(REPO))
 
 SOURCE = Path("/usr/share/datasets/fashion-mnist")  # Debian package dataset-fashion-mnist
 TARGET = 0.90
-# With a 3-epoch schedule both sides passed 90 % at epoch 2 (turbotrain 90.49 %, plain 90.00 %:
-# one image from missing it) and ended at 91.2 %; a 2-epoch schedule ends near 90.6 %, too close
-# to the target for a benchmark that must reach it. So 3, and `speedup_per_epoch` beside it.
-DEFAULT_EPOCHS = 3
+# Two epochs: the target is then met at the schedule's end, where the LR has decayed to 0, on
+# both sides. Four seeds of `train --epochs 2` ended at 90.62-91.04 %. An evaluation mid-schedule
+# is a coin toss instead: with 3 epochs compact28 stood at 89.7-90.5 % after epoch 2 (LR still at
+# a quarter of its peak), so the time to 90 % jumped by a whole epoch from one seed to the next.
+DEFAULT_EPOCHS = 2
 BATCH_SIZE = 128  # what `train` picks for 28 px images on CPU; the baseline uses the same
 LOADER_WORKERS = 2  # a user's usual DataLoader setting, one per core of this machine
 # --quick: a slice of the same files, short enough for the test suite. One epoch of 2,000
-# images (15 steps) gets compact28 to ~55-65 %, so the smoke target is 50 %.
+# images (15 steps) gets compact28 to ~50-65 %, so the smoke target is 50 %.
 QUICK = {"train": 2000, "t10k": 1000, "epochs": 1, "target": 0.5}
 
 # The plain script's two recipes. "turbotrain" gives it the trainer's maths, so that only the
@@ -157,6 +158,7 @@ def plain_pytorch(source: Path, epochs: int, run_dir: Path, recipe: str = "turbo
     from torch.utils.data import DataLoader, Dataset
     from torchvision import transforms
 
+    from turbotrain.pipeline.augment import SMALL_IMAGE_PADDING
     from turbotrain.train.models import get_model_spec
 
     started = time.perf_counter()  # as train(): the clock starts after the imports
@@ -180,7 +182,7 @@ def plain_pytorch(source: Path, epochs: int, run_dir: Path, recipe: str = "turbo
     # the same input: the grey channel three times.
     normalize = transforms.Normalize([FASHION_MNIST_MEAN] * 3, [FASHION_MNIST_STD] * 3)
     train_transform = transforms.Compose([
-        transforms.RandomCrop(28, padding=4, padding_mode="reflect"),
+        transforms.RandomCrop(28, padding=SMALL_IMAGE_PADDING, padding_mode="reflect"),
         transforms.RandomHorizontalFlip(),
         transforms.Grayscale(num_output_channels=3),
         transforms.ToTensor(),

@@ -31,9 +31,11 @@ RESIZED_CROP_SCALE = (0.08, 1.0)
 RESIZED_CROP_RATIO = (3 / 4, 4 / 3)
 RESIZED_CROP_ATTEMPTS = 10  # torchvision's retry count before the centre-crop fallback
 
-# CIFAR-style training pads 4 px each side (the torchvision/ResNet recipe); reflect padding
-# keeps the border statistics of the image, as airbench does.
-SMALL_IMAGE_PADDING = 4
+# Small images are reflect-padded 2 px each side, then randomly cropped (airbench's translate for
+# its short CIFAR runs; reflect keeps the image's border statistics). The torchvision/ResNet
+# recipe pads 4 for long runs, but on short ones that much shift costs accuracy: compact28 on
+# Fashion-MNIST, 3 epochs, 3 seeds each, ended at 91.4-91.9% with 2 px against 91.2-91.5% with 4.
+SMALL_IMAGE_PADDING = 2
 SMALL_IMAGE_MAX_SIDE = 64
 
 # Augmentation families (values of choose_augmentation).
