@@ -369,7 +369,7 @@ def plot_time_to_accuracy(data: dict, path: Path) -> Path | None:
            title="Fashion-MNIST: val accuracy after each epoch")
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")  # where it hides the fewest points
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
