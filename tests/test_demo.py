@@ -11,21 +11,17 @@ import pytest
 @pytest.mark.timeout(300)
 def test_demo_runs_end_to_end_and_reports(tmp_path):
     out = tmp_path / "demo"
-    result = subprocess.run(
-        [sys.executable, "-m", "turbotrain", "demo", "--out", str(out), "--train-per-class", "8",
-         "--val-per-class", "2", "--size", "96x80", "--epochs", "1",
-         "--train-arg=--threads=1", "--train-arg=--workers=1"],
-        capture_output=True, text=True, timeout=280)
+    demo = [sys.executable, "-m", "turbotrain", "demo", "--out", str(out),
+            "--train-per-class", "8", "--val-per-class", "2", "--size", "96x80", "--epochs", "1",
+            "--train-arg=--threads=1", "--train-arg=--workers=1"]
+    result = subprocess.run(demo, capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stderr[-2000:]
     for line in ("val accuracy", "throughput", "data wait", "curves", "verdict"):
         assert line in result.stdout, result.stdout
     assert (out / "run" / "curves.png").is_file()
     assert (out / "prepared" / "dataset.json").is_file()
     # A rerun reuses the images and starts a fresh run instead of refusing the old one.
-    again = subprocess.run([sys.executable, "-m", "turbotrain", "demo", "--out", str(out),
-                            "--train-per-class", "8", "--val-per-class", "2", "--size", "96x80",
-                            "--epochs", "1", "--train-arg=--threads=1"],
-                           capture_output=True, text=True, timeout=280)
+    again = subprocess.run(demo, capture_output=True, text=True, timeout=280)
     assert again.returncode == 0, again.stderr[-2000:]
 
 

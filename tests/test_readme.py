@@ -39,6 +39,8 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from turbotrain.train.report import read_metrics
+
 from .readme_blocks import Block, Command, parse_blocks, parse_commands
 
 REPO = Path(__file__).resolve().parents[1]
@@ -391,9 +393,7 @@ def check_config_reruns(ran: Ran, run_dir: Path, config: dict) -> None:
 
 
 def check_resumed(ran: Ran) -> None:
-    steps = [json.loads(line)["step"] for line in
-             (ran.run_dir() / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["kind"] == "step"]
+    steps = [r["step"] for r in read_metrics(ran.run_dir()) if r["kind"] == "step"]
     assert steps == [1, 2, 3] and "resuming" in ran.stdout, (steps, ran.stdout)
 
 

@@ -133,23 +133,22 @@ def test_bench_fails_when_no_pipeline_could_run(small_path, capsys):
     assert err.startswith("turbotrain bench: error:") and "\n" not in err
 
 
-@pytest.mark.parametrize("which", ["photo", "small"])
-def test_resident_asks_for_no_cores_beside_the_model(which, photo_path, small_path):
+def test_resident_asks_for_no_cores_beside_the_model(split):
     # Its batches, photo crops on a cv2 pool included, are made inside next() between steps:
     # the trainer's thread budget must give torch every core (it gave the demo only 1 of 2).
-    with build_pipeline("resident", open_dataset(photo_path if which == "photo" else small_path),
-                        **opts(16)) as pipeline:
+    _, dataset, _ = split
+    with build_pipeline("resident", dataset, **opts(16)) as pipeline:
         assert pipeline.cpu_workers == 0
         assert run_epoch(pipeline, limit=2)
 
 
 def test_thread_budget_gives_torch_the_cores_a_pipeline_leaves():
-    from turbotrain.train.builder import _threads_after_pipeline
+    from turbotrain.train.builder import threads_after_pipeline
     from turbotrain.train.device import ThreadPlan
 
     class InProcess:
         cpu_workers = 0
-    plan = _threads_after_pipeline(ThreadPlan(2, 1, 1, "JPEG data"), InProcess())
+    plan = threads_after_pipeline(ThreadPlan(2, 1, 1, "JPEG data"), InProcess())
     assert (plan.workers, plan.torch_threads) == (0, 2)
     plan = ThreadPlan(2, 1, 1, "JPEG data")
-    assert _threads_after_pipeline(plan, object()) is plan  # a loader with its own workers
+    assert threads_after_pipeline(plan, object()) is plan  # a loader with its own workers

@@ -1,12 +1,14 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from turbotrain.cli import main as turbotrain_main
+from turbotrain.train.report import read_metrics
 
 from . import memory_pipeline  # noqa: F401  (registers test-memory and test-slow)
 from .tiny_data import write_tiny_dataset
@@ -20,16 +22,19 @@ FAST = ["--threads", "1", "--workers", "0", "--pipeline", "test-memory", "--log-
 
 def logged_steps(run_dir: Path) -> int:
     """The last optimizer step logged in RUNDIR/metrics.jsonl (0 before the first)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return 0
-    steps = [0]
-    for line in path.read_text().splitlines():
-        try:
-            steps.append(json.loads(line).get("step", 0))
-        except json.JSONDecodeError:  # a line being written
-            pass
-    return max(steps)
+    return max([0] + [record.get("step", 0) for record in read_metrics(run_dir)])
+
+
+def wait_until(predicate, proc: subprocess.Popen, *, timeout: float,
+               log: Path | None = None) -> None:
+    """Polls `predicate` while `proc` runs; fails (with the log's tail) if the process ends
+    first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    tail = (lambda: "\n" + log.read_text()[-3000:]) if log is not None else (lambda: "")
+    while not predicate():
+        assert proc.poll() is None, "the run ended before the awaited point" + tail()
+        assert time.monotonic() < deadline, f"timed out after {timeout} s" + tail()
+        time.sleep(0.01)
 
 
 @pytest.fixture(autouse=True)
@@ -43,13 +48,19 @@ def tiny_dataset(tmp_path_factory):
 
 
 @pytest.fixture
-def train_cli(capsys):
-    """Runs `turbotrain train ARGS` in this process; returns (exit code, stdout, stderr)."""
+def cli(capsys):
+    """Runs `turbotrain ARGS` in this process; returns (exit code, stdout, stderr)."""
     def run(*args):
-        code = turbotrain_main(["train", *map(str, args)])
+        code = turbotrain_main([*map(str, args)])
         captured = capsys.readouterr()
         return code, captured.out, captured.err
     return run
+
+
+@pytest.fixture
+def train_cli(cli):
+    """Runs `turbotrain train ARGS` in this process; returns (exit code, stdout, stderr)."""
+    return lambda *args: cli("train", *args)
 
 
 def train_subprocess(*args, **popen):

@@ -33,7 +33,7 @@ from turbotrain.train.distributed import (DistEnv, convert_sync_batchnorm,
                                           explain_collective_failure, is_collective_failure)
 from turbotrain.train.errors import TrainError
 
-from .conftest import REPO, logged_steps, read_jsonl, step_losses
+from .conftest import REPO, logged_steps, read_jsonl, step_losses, wait_until
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 TRAIN_IMAGES = 4096  # a multiple of the global batch (64): the shards cover the split exactly
@@ -123,14 +123,6 @@ def rank_alive(pid: int, pid_dir: Path) -> bool:
     return state not in ("Z", "X") and str(pid_dir.parent) in command
 
 
-def wait_until(predicate, proc: subprocess.Popen, log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert proc.poll() is None, "the job ended too early:\n" + log.read_text()[-3000:]
-        assert time.monotonic() < deadline, "timed out:\n" + log.read_text()[-3000:]
-        time.sleep(0.02)
-
-
 def rank_pid(pid_dir: Path, rank: int) -> int:
     return int((pid_dir / f"rank{rank}.pid").read_text())
 
@@ -199,10 +191,9 @@ def test_two_process_run_killed_and_resumed_repeats_the_losses(two_rank_run, fas
                           log=log)
     try:
         # Past the step-20 checkpoint (rank 0 logs step 21 only after writing it), mid-epoch.
-        wait_until(lambda: logged_steps(out) >= 24, proc, log)
-        kill_job(proc, pids)  # both ranks and torchrun with SIGKILL: a lost node
+        wait_until(lambda: logged_steps(out) >= 24, proc, timeout=90, log=log)
     finally:
-        kill_job(proc, pids)
+        kill_job(proc, pids)  # both ranks and torchrun with SIGKILL: a lost node
     assert not any(rank_alive(rank_pid(pids, rank), pids) for rank in (0, 1))
     killed_at = logged_steps(out)
     time.sleep(1.0)
@@ -242,7 +233,7 @@ def test_a_killed_rank_ends_the_job_with_an_error_on_the_survivor(killed, fashio
     proc = start_torchrun("--data", fashion_subset, "--out", out, *LONG_RUN, pid_dir=pids,
                           log=log)
     try:
-        wait_until(lambda: logged_steps(out) >= 10, proc, log)
+        wait_until(lambda: logged_steps(out) >= 10, proc, timeout=90, log=log)
         os.kill(rank_pid(pids, killed), signal.SIGKILL)
         killed_at = time.monotonic()
         proc.wait(timeout=60)
@@ -266,10 +257,10 @@ def test_a_hung_rank_makes_the_other_time_out_with_an_error(fashion_subset, tmp_
                           timeout, pid_dir=pids, log=log)
     expected = f"train: error: rank 0 of 2: no answer from another rank within --dist-timeout"
     try:
-        wait_until(lambda: logged_steps(out) >= 10, proc, log)
+        wait_until(lambda: logged_steps(out) >= 10, proc, timeout=90, log=log)
         os.kill(rank_pid(pids, 1), signal.SIGSTOP)  # alive but silent: no socket closes
         stopped_at = time.monotonic()
-        wait_until(lambda: expected in log.read_text(), proc, log, timeout=60)
+        wait_until(lambda: expected in log.read_text(), proc, timeout=60, log=log)
         seconds = time.monotonic() - stopped_at
     finally:
         kill_job(proc, pids)

@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+from .conftest import REPO
+
 # A fresh interpreter each time: glibc's mmap threshold adapts upwards as a process frees mmapped
 # blocks, so only a new process shows the default behaviour reliably.
 PROBE = """
@@ -29,9 +31,7 @@ print(mmapped)
 
 
 def mmapped_bytes_of_a_24_mib_block(apply: bool) -> int:
-    from pathlib import Path
-    root = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run([sys.executable, "-c", PROBE.format(root=root, apply=apply)],
+    out = subprocess.run([sys.executable, "-c", PROBE.format(root=str(REPO), apply=apply)],
                          capture_output=True, text=True, check=True)
     return int(out.stdout.strip())
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
 import pytest
 import torch
 
 from turbotrain.train.checkpoint import checkpoint_path
 
-from .conftest import logged_steps, read_jsonl, step_losses, train_subprocess
+from .conftest import logged_steps, read_jsonl, step_losses, train_subprocess, wait_until
 
 # test-slow takes 50 ms a batch, so there is time to kill the run between checkpoints.
 ARGS = ("--pipeline", "test-slow", "--epochs", 3, "--batch-size", 8, "--log-every", 1,
@@ -25,14 +24,6 @@ def _run_to_end(*args, timeout=240):
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err
     return out
-
-
-def _wait_for(predicate, proc, timeout=120):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert proc.poll() is None, "the run ended before it could be interrupted"
-        assert time.monotonic() < deadline, "timed out waiting for the run"
-        time.sleep(0.01)
 
 
 def _checkpoint_step(run_dir) -> int:
@@ -61,7 +52,8 @@ def test_resume_after_kill_9_repeats_the_losses_exactly(uninterrupted, tiny_data
     proc = train_subprocess("--data", tiny_dataset, "--out", run_dir, *ARGS)
     try:
         # Kill after the step-5 checkpoint, with a few steps logged past it (these must go).
-        _wait_for(lambda: _checkpoint_step(run_dir) >= 5 and logged_steps(run_dir) >= 7, proc)
+        wait_until(lambda: _checkpoint_step(run_dir) >= 5 and logged_steps(run_dir) >= 7, proc,
+                   timeout=120)
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
     finally:
@@ -80,7 +72,7 @@ def test_sigterm_checkpoints_then_resume_finishes_the_same(uninterrupted, tiny_d
     run_dir = tmp_path / "stopped"
     proc = train_subprocess("--data", tiny_dataset, "--out", run_dir, *ARGS)
     try:
-        _wait_for(lambda: logged_steps(run_dir) >= 3, proc)
+        wait_until(lambda: logged_steps(run_dir) >= 3, proc, timeout=120)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:

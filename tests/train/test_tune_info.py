@@ -7,21 +7,14 @@ import json
 import PIL
 import pytest
 
-from turbotrain.cli import main as turbotrain_main
 from turbotrain.train import batch_finder as bf
 from turbotrain.train.info import pillow_build
 from turbotrain.train.tune import worker_counts
 
 
-def run(capsys, *args):
-    code = turbotrain_main([*map(str, args)])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.mark.timeout(60)
-def test_tune_sweeps_pipelines_and_recommends_a_train_command(capsys, tiny_dataset):
-    code, out, err = run(capsys, "tune", "--data", tiny_dataset, "--pipeline", "test-memory",
+def test_tune_sweeps_pipelines_and_recommends_a_train_command(cli, tiny_dataset):
+    code, out, err = cli("tune", "--data", tiny_dataset, "--pipeline", "test-memory",
                          "test-slow", "--workers", 1, "--budget-seconds", 3, "--json")
     assert code == 0, err
     result = json.loads(out)
@@ -37,21 +30,21 @@ def test_tune_sweeps_pipelines_and_recommends_a_train_command(capsys, tiny_datas
     assert f"--batch-size {result['batch_size']}" in command
 
 
-def test_tune_reaches_a_global_batch_with_accumulation(capsys, tiny_dataset, monkeypatch):
+def test_tune_reaches_a_global_batch_with_accumulation(cli, tiny_dataset, monkeypatch):
     real = bf.find_batch_size
     monkeypatch.setattr(bf, "find_batch_size",  # a device with room for 16 images
                         lambda build, **k: real(build, **{**k, "limit": min(k["limit"], 16)}))
-    code, out, err = run(capsys, "tune", "--data", tiny_dataset, "--pipeline", "test-memory",
+    code, out, err = cli("tune", "--data", tiny_dataset, "--pipeline", "test-memory",
                          "--workers", 1, "--budget-seconds", 1, "--global-batch-size", 64)
     assert code == 0, err
     assert "--batch-size 16 --accum-steps 4" in out
     assert "largest micro-batch that fits: 16" in out and "test-memory" in out
 
 
-def test_tune_user_errors(capsys, tmp_path, tiny_dataset):
-    code, _, err = run(capsys, "tune", "--data", tmp_path / "missing")
+def test_tune_user_errors(cli, tmp_path, tiny_dataset):
+    code, _, err = cli("tune", "--data", tmp_path / "missing")
     assert code == 2 and err.startswith("turbotrain tune: error:")
-    code, _, err = run(capsys, "tune", "--data", tiny_dataset, "--budget-seconds", 0)
+    code, _, err = cli("tune", "--data", tiny_dataset, "--budget-seconds", 0)
     assert code == 2 and "--budget-seconds" in err
 
 
@@ -61,8 +54,8 @@ def test_worker_counts_split_the_cores():
     assert worker_counts(16, "cuda") == [4, 8, 15]
 
 
-def test_info_reports_versions_hardware_pipelines_and_picks(capsys, tiny_dataset):
-    code, out, err = run(capsys, "info", "--data", tiny_dataset, "--json")
+def test_info_reports_versions_hardware_pipelines_and_picks(cli, tiny_dataset):
+    code, out, err = cli("info", "--data", tiny_dataset, "--json")
     assert code == 0, err
     info = json.loads(out)
     assert {"torch", "torchvision", "DALI", "FFCV", "Pillow"} <= set(info["versions"])
@@ -72,21 +65,21 @@ def test_info_reports_versions_hardware_pipelines_and_picks(capsys, tiny_dataset
     for key in ("device", "precision", "compile", "threads, JPEG data", "image size", "model",
                 "batch size", "pipeline"):
         assert ": " in picks[key], key  # a value and its reason
-    code, text, _ = run(capsys, "info")
+    code, text, _ = cli("info")
     assert code == 0 and "train would pick:" in text and "precision" in text
 
 
-def test_info_says_which_pil_runs(capsys):
+def test_info_says_which_pil_runs(cli):
     """pillow-simd after `make install` on a machine that can build it, else plain pillow: the
     line names the one imported, at the version pip has installed under the name pillow."""
-    code, out, err = run(capsys, "info", "--json")
+    code, out, err = cli("info", "--json")
     assert code == 0, err
     shown = json.loads(out)["versions"]["Pillow"]
     running = PIL.__version__
     assert importlib.metadata.version("pillow") == running  # no second PIL/ shadows it
     kind = "pillow-simd" if ".post" in running else "pillow"
     assert shown.startswith(f"{kind} {running.split('+')[0]} (")  # +avx2: shown as (AVX2)
-    code, text, _ = run(capsys, "info")
+    code, text, _ = cli("info")
     assert f"Pillow               {shown}" in text
 
 

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 FALLBACK_ORDER = ("resident", "dali", "pytorch", "ffcv")
 
 
-def _unavailable_reason(name: str, dataset, options: PipelineOptions) -> str | None:
+def unavailable_reason(name: str, dataset, options: PipelineOptions) -> str | None:
     """Why `name` cannot be used here, or None when it looks usable (cheap checks only)."""
     if name not in pipeline_names():
         return f"{name} is not registered"
@@ -55,7 +55,7 @@ def choose_pipeline(dataset, options: PipelineOptions) -> tuple[str, str]:
     """(pipeline name, one-line reason) for `dataset` with `options` (see the module docstring)."""
     passed = []
     for name in FALLBACK_ORDER:
-        why_not = _unavailable_reason(name, dataset, options)
+        why_not = unavailable_reason(name, dataset, options)
         if why_not is None:
             reason = f"auto picked {name}"
             if name == "resident":
@@ -78,7 +78,7 @@ def build_auto(dataset, **options) -> tuple[Pipeline, str]:
     opts = PipelineOptions(**options)
     skipped: list[str] = []
     for name in FALLBACK_ORDER:
-        why_not = _unavailable_reason(name, dataset, opts)
+        why_not = unavailable_reason(name, dataset, opts)
         if why_not is None:
             try:
                 pipeline = build_pipeline(name, dataset, **options)

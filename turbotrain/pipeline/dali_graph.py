@@ -18,8 +18,8 @@ the same crops as a `pytorch` batch. Per family (see augment.py):
   (1,790 -> 790 images/s per thread), where cv2's INTER_LINEAR in `pytorch` costs ~60 us:
   `dali` is the GPU engine, `pytorch` stays the CPU one (2,910 vs 1,394 images/s here).
 * PAD_CROP (small images, train): decode/reshape, resize to S x S when the stored size differs,
-  reflect-pad by SMALL_IMAGE_PADDING (DALI has no reflect padding, so two mirrored strips are sliced and
-  concatenated per axis), slice the S x S box, flip.
+  reflect-pad by SMALL_IMAGE_PADDING (DALI has no reflect padding, so two mirrored strips are
+  sliced and concatenated per axis), slice the S x S box, flip.
 * IDENTITY (small images, eval): decode/reshape and resize to S x S when needed.
 
 Splits that mix JPEG and raw samples (prepare's ``--encoding auto`` on sources with both small

@@ -35,9 +35,6 @@ class BatchFit:
     batch_size: int  # the largest that fits, at most `limit`
     limit: int
     how: str  # one line: how it was found
-    bytes_per_image: float | None = None  # CPU estimate
-    fixed_bytes: float | None = None
-    budget_bytes: int | None = None
 
 
 def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
@@ -179,8 +176,7 @@ def find_batch_size(build: Callable[[], nn.Module], *, num_classes: int, image_s
         torch.random.set_rng_state(state)
     agreed = _smallest_over_ranks(fit.batch_size, device)
     if agreed != fit.batch_size:
-        fit = BatchFit(agreed, fit.limit, fit.how + f"; {agreed} on the tightest rank",
-                       fit.bytes_per_image, fit.fixed_bytes, fit.budget_bytes)
+        fit = BatchFit(agreed, fit.limit, fit.how + f"; {agreed} on the tightest rank")
     return fit
 
 
@@ -209,7 +205,7 @@ def _search_cuda(build, *, num_classes, image_size, device, precision, channels_
         torch.cuda.reset_peak_memory_stats(device)
     how = (f"{tried} trial step pair(s) on {device} within {fraction:.0%} of its "
            f"{total / 2**30:.0f} GiB")
-    return BatchFit(batch, limit, how, budget_bytes=int(fraction * total))
+    return BatchFit(batch, limit, how)
 
 
 def _estimate_cpu(build, *, image_size, precision, channels_last, optimizer, limit,
@@ -226,7 +222,7 @@ def _estimate_cpu(build, *, image_size, precision, channels_last, optimizer, lim
     batch = limit if batch >= limit else _aligned(batch)
     how = (f"estimated {per_image / 2**20:.1f} MiB per image + {fixed / 2**20:.0f} MiB "
            f"weights/optimizer within {budget_bytes / 2**30:.1f} GiB of RAM")
-    return BatchFit(batch, limit, how, per_image, fixed, budget_bytes)
+    return BatchFit(batch, limit, how)
 
 
 def _smallest_over_ranks(batch: int, device: torch.device) -> int:

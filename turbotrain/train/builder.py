@@ -102,7 +102,7 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     cleanup.callback(train_pipeline.close)
     decide("pipeline", pipeline_name, why)
     if config.threads is None:
-        threads = _threads_after_pipeline(threads, train_pipeline)
+        threads = threads_after_pipeline(threads, train_pipeline)
     decide("threads", f"{threads.workers} pipeline workers + {threads.torch_threads} torch "
            f"threads on {threads.cores} cores", threads.reason)
     apply_torch_threads(threads.torch_threads)
@@ -170,7 +170,7 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     return run
 
 
-def _threads_after_pipeline(plan: ThreadPlan, pipeline) -> ThreadPlan:
+def threads_after_pipeline(plan: ThreadPlan, pipeline) -> ThreadPlan:
     """A pipeline that loads in the training process (resident: uint8 already on the device)
     reports `cpu_workers = 0`; its cores then go to torch."""
     used = getattr(pipeline, "cpu_workers", None)

@@ -13,7 +13,6 @@ summary.json under "diagnosis":
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -209,21 +208,16 @@ def facts_of_run(run, totals: dict) -> Facts:
         conv_net=get_model_spec(config.model).conv,
         largest_side=largest_side(dataset) if dataset is not None else 0,
         jpeg_fraction=jpeg_fraction(dataset) if dataset is not None else 0.0,
-        dali_usable=device.type == "cuda" and _dali_installed(),
-        resident_fits=dataset is not None and _resident_fits(dataset, run),
+        dali_usable=_usable("dali", dataset, run),
+        resident_fits=dataset is not None and _usable("resident", dataset, run),
         peak_device_memory=totals.get("peak_device_memory"),
         device_memory=totals.get("device_memory"), log_every=config.log_every)
 
 
-def _dali_installed() -> bool:
-    return importlib.util.find_spec("nvidia") is not None and \
-        importlib.util.find_spec("nvidia.dali") is not None
-
-
-def _resident_fits(dataset, run) -> bool:
+def _usable(name: str, dataset, run) -> bool:
+    """Whether `--pipeline name` would open for this run (auto's own cheap checks)."""
     from turbotrain.pipeline import PipelineOptions
-    from turbotrain.pipeline.resident import memory_budget, resident_bytes
+    from turbotrain.pipeline.auto import unavailable_reason
     options = PipelineOptions(train=True, batch_size=run.config.batch_size,
                               image_size=run.config.image_size, device=run.device)
-    budget, _ = memory_budget(run.device)
-    return resident_bytes(dataset, options) <= budget
+    return unavailable_reason(name, dataset, options) is None

@@ -128,7 +128,7 @@ def pipelines(device, dataset=None) -> dict[str, str]:
     """name -> "usable" or why not. Without a dataset, `resident` states its budget."""
     import torch
     from turbotrain.pipeline import PipelineOptions, pipeline_names
-    from turbotrain.pipeline.auto import _unavailable_reason  # auto's own checks
+    from turbotrain.pipeline.auto import unavailable_reason  # auto's own checks
     from turbotrain.pipeline.resident import memory_budget
     status = {}
     for name in pipeline_names():
@@ -138,7 +138,7 @@ def pipelines(device, dataset=None) -> dict[str, str]:
             continue
         options = PipelineOptions(train=True, batch_size=64, image_size=224,
                                   device=torch.device(device))
-        why_not = _unavailable_reason(name, dataset, options)
+        why_not = unavailable_reason(name, dataset, options)
         status[name] = "usable" if why_not is None else f"unavailable: {why_not}"
     return status
 

@@ -7,7 +7,6 @@ queue each step).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -15,18 +14,6 @@ from torch import nn
 from .device import autocast_context
 from .distributed import DistEnv, all_reduce_sum, sync_context
 from .ema import ModelEMA
-
-
-@dataclass
-class Timer:
-    """Seconds blocked in `next(iterator)` (data wait) and seconds overall."""
-    data_wait: float = 0.0
-
-    def next_batch(self, iterator):
-        start = time.perf_counter()
-        batch = next(iterator)
-        self.data_wait += time.perf_counter() - start
-        return batch
 
 
 class StepEngine:

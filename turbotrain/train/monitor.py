@@ -2,7 +2,7 @@
 window, the timeline picture and the doctor's verdict.
 
 The trainer calls, per micro-batch, `with monitor.waiting(): next(iterator)` and then
-`monitor.computed()` (or `monitor.step_done(...)` after an optimizer step); per log window
+`monitor.computed()` (or `monitor.step_done(step)` after an optimizer step); per log window
 `reset_window()` / `flush()` around its own synchronize; and `finish(run)` at the end.
 Totals cover the timed steps of this process (warm-up excluded, like images/s).
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from .doctor import Diagnosis, diagnose, facts_of_run
-from .profiling import (StepClock, TraceWindow, WindowTimes, device_memory_bytes,
-                        peak_device_memory_bytes, peak_host_memory_bytes)
+from .device import device_memory_bytes, peak_device_memory_bytes, peak_host_memory_bytes
+from .profiling import StepClock, TraceWindow, WindowTimes
 from .timeline import TIMELINE_NAME, StepTimeline
 
 # Optimizer steps `--profile` records: enough to see a steady pattern, small enough for a trace
@@ -38,7 +38,6 @@ class RunMonitor:
         self.process_step = 0  # optimizer steps done by this process
         self.seconds = self.data_wait = self.compute = 0.0
         self.steps = self.images = 0
-        self._window_images = 0
         self._probes: list[float] = []
         self.last_window: WindowTimes | None = None
 
@@ -59,11 +58,10 @@ class RunMonitor:
         """A micro-batch that does not end in an optimizer step has been queued."""
         self.clock.computed()
 
-    def step_done(self, step: int, images: int) -> None:
-        """Optimizer step `step` (the run's count) is queued; `images` went into it."""
+    def step_done(self, step: int) -> None:
+        """Optimizer step `step` (the run's count) is queued."""
         self.clock.computed(step)
         self.process_step += 1
-        self._window_images += images
         if self.trace is not None:
             recording = self.trace.active
             with self.clock.untimed():  # the last profiled step exports the trace (~0.1-1 s)
@@ -80,21 +78,20 @@ class RunMonitor:
     def reset_window(self) -> None:
         """An untimed stretch (warm-up, evaluation, checkpoint) ended; the device is idle."""
         self.clock.reset()
-        self._window_images = 0
 
-    def flush(self) -> WindowTimes:
-        """After the caller's synchronize: adds the window's timed steps to the totals."""
+    def flush(self, images: int) -> WindowTimes:
+        """After the caller's synchronize: adds the window's timed steps, which took `images`
+        images (all ranks'), to the totals."""
         window = self.last_window = self.clock.flush()
         if window.steps:
             self.seconds += window.seconds
             self.data_wait += window.data_wait
             self.compute += window.compute
             self.steps += len(window.steps)
-            self.images += self._window_images
+            self.images += images
             self.timeline.add(window.steps)
             if window.host_issue_fraction is not None:
                 self._probes.append(window.host_issue_fraction)
-        self._window_images = 0
         return window
 
     def window_record(self) -> dict:

@@ -161,32 +161,6 @@ class StepClock:
         return steps
 
 
-# ---------------------------------------------------------------------------- memory
-
-def peak_host_memory_bytes() -> int:
-    """Peak resident memory of this process (worker processes not included); 0 off Linux/mac."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return 0
-    import sys
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss) if sys.platform == "darwin" else int(rss) * 1024  # bytes on macOS, else KiB
-
-
-def peak_device_memory_bytes(device: torch.device) -> int | None:
-    """Peak memory torch allocated on the GPU; None on CPU (see the host peak instead)."""
-    if device.type != "cuda":
-        return None
-    return int(torch.cuda.max_memory_allocated(device))
-
-
-def device_memory_bytes(device: torch.device) -> int | None:
-    if device.type != "cuda":
-        return None
-    return int(torch.cuda.get_device_properties(device).total_memory)
-
-
 # ---------------------------------------------------------------------------- trace
 
 class TraceWindow:

@@ -76,10 +76,20 @@ def _tensorboard_writer(run_dir):
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """The records of RUNDIR/metrics.jsonl in order; [] when it is absent. A last line torn by
+    kill -9 is left out, as `truncate_after` does."""
     path = Path(run_dir) / METRICS_NAME
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
 
 
 def write_summary(run_dir: str | os.PathLike, summary: dict) -> None:

@@ -133,7 +133,7 @@ class Trainer:
                 continue
             engine.optimizer_step()
             c.step += 1
-            self.monitor.step_done(c.step, labels.shape[0] * run.env.world_size * k)
+            self.monitor.step_done(c.step)
             c.window_steps += 1
             self.window_steps += 1
             self.process_steps += 1
@@ -178,7 +178,6 @@ class Trainer:
     def _reset_timing_window(self) -> None:
         self.window_start = time.perf_counter()
         self.window_images = 0
-        self.window_data_wait = 0.0
         self.monitor.reset_window()
         self.window_steps = 0
 
@@ -197,21 +196,19 @@ class Trainer:
         self._sync()
         c = self.counters
         # Wall time less any profiler export; on CUDA the data wait is the GPU's idle time.
-        window = self.monitor.flush()
+        window = self.monitor.flush(self.window_images)
         seconds = window.seconds
-        self.window_data_wait = window.data_wait
         # The slowest rank's loader sets the pace (the others wait for it inside the gradient
         # all-reduce, which counts as compute), so a window's data wait is the largest one.
-        self.window_data_wait = max_over_ranks(self.window_data_wait, self.run.env,
-                                               self.run.device)
+        data_wait = max_over_ranks(window.data_wait, self.run.env, self.run.device)
         c.timed_seconds += seconds
         c.timed_images += self.window_images
         c.timed_steps += self.window_steps
-        c.timed_data_wait += self.window_data_wait
+        c.timed_data_wait += data_wait
         c.images += self.window_images
         # None (not 0) for a window that held only warm-up steps: nothing was timed.
         rate = self.window_images / seconds if self.window_images and seconds > 0 else None
-        wait = self.window_data_wait / seconds if self.window_images and seconds > 0 else None
+        wait = data_wait / seconds if self.window_images and seconds > 0 else None
         self._reset_timing_window()
         return rate, wait
 

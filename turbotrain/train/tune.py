@@ -157,14 +157,16 @@ class Sweep:
     def train_rate(self, row: Row, model, optimizer, batch: int, seconds: float) -> None:
         from turbotrain.pipeline.bench import endless  # epochs back to back
 
-        from .device import apply_torch_threads, autocast_context
+        from .builder import threads_after_pipeline
+        from .device import ThreadPlan, apply_torch_threads, autocast_context
         from .profiling import StepClock
         torch = self.torch
         criterion = torch.nn.CrossEntropyLoss()
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         pipeline = self.build_pipeline(row.pipeline, row.workers, batch)
-        if self.device.type == "cpu" and getattr(pipeline, "cpu_workers", None) == 0:
-            row.threads = self.cores  # as in train: a loader without workers leaves torch all
+        if self.device.type == "cpu":  # as in train: cores a loader leaves idle go to torch
+            plan = ThreadPlan(self.cores, row.workers, row.threads, "")
+            row.threads = threads_after_pipeline(plan, pipeline).torch_threads
         apply_torch_threads(row.threads)
         clock = StepClock(self.device)
         images_done, step = 0, 0
@@ -210,7 +212,7 @@ class Sweep:
         from turbotrain.pipeline import PipelineError, pipeline_names
         from .schedule import build_optimizer
         plan = self.batch_plan()
-        batch = min(plan["batch_size"], len(self.dataset))
+        batch = plan["batch_size"]  # at most the split: the search limit is
         names = self.args.pipeline or pipeline_names()
         counts = self.args.workers or worker_counts(self.cores, self.device.type)
         rows = [Row(name, w, self._threads_for(w)) for name in names for w in counts]
