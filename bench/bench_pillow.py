@@ -104,11 +104,16 @@ def child(jpeg_list: str, png_list: str, repeats: int) -> dict:
             "png_prepare_images_per_second": len(pngs) / png_total}
 
 
-def run_child(pythonpath: Path | None, lists: tuple[Path, Path], repeats: int) -> dict:
+def env_with_pillow(folder: Path | None) -> dict:
+    """os.environ for a child whose PIL comes from `folder` (None: the venv's own)."""
     env = dict(os.environ)
-    if pythonpath is not None:  # before site-packages: its PIL wins
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath),
-                                                          env.get("PYTHONPATH")]))
+    if folder is not None:  # before site-packages: its PIL wins
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH")]))
+    return env
+
+
+def run_child(pythonpath: Path | None, lists: tuple[Path, Path], repeats: int) -> dict:
+    env = env_with_pillow(pythonpath)
     env.update(OMP_NUM_THREADS="1", OPENCV_FOR_THREADS_NUM="1")  # one core per side
     done = subprocess.run([sys.executable, __file__, "--child", str(lists[0]), str(lists[1]),
                            "--repeats", str(repeats)], capture_output=True, text=True, env=env,

@@ -260,8 +260,7 @@ def run_one(name: str, data: Path, args, batch_size: int, image_size: int) -> di
     env = dict(os.environ)
     if name in STOCK_PILLOW_SIDES:
         import bench_pillow  # beside this file
-        stock = str(bench_pillow.plain_pillow(None))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [stock, env.get("PYTHONPATH")]))
+        env = bench_pillow.env_with_pillow(bench_pillow.plain_pillow(None))
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
                               env=env)

@@ -60,6 +60,8 @@ RESULTS = ROOT / "results" / "time_to_accuracy.json"
 QUICK_RESULTS = ROOT / ".cache" / "time_to_accuracy.quick.json"
 sys.path.insert(0, str(REPO))
 
+from turbotrain.train.report import read_metrics  # noqa: E402  (after the path insert)
+
 SOURCE = Path("/usr/share/datasets/fashion-mnist")  # Debian package dataset-fashion-mnist
 TARGET = 0.90
 # Two epochs: the target is then met at the schedule's end, where the LR has decayed to 0, on
@@ -88,23 +90,12 @@ IDX_HEADER = {"images": 16, "labels": 8}  # bytes: magic + dims (big-endian u32 
 
 
 # == Reading a run's per-epoch records (shared by both sides) ====================================
-def epoch_records(metrics_path: str | os.PathLike) -> list[dict]:
-    """The `{"kind": "epoch", ...}` lines of a metrics.jsonl, in order; the trainer and the
-    baseline both write `epoch`, `val_accuracy` and `time` (seconds since training started)."""
-    path = Path(metrics_path)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line torn by a killed run
-            continue
-        if record.get("kind") == "epoch" and record.get("val_accuracy") is not None:
-            records.append(record)
-    return records
+def epoch_records(run_dir: str | os.PathLike) -> list[dict]:
+    """The `{"kind": "epoch", ...}` records of RUNDIR/metrics.jsonl, in order; the trainer and
+    the baseline both write `epoch`, `val_accuracy` and `time` (seconds since training
+    started)."""
+    return [record for record in read_metrics(run_dir)
+            if record.get("kind") == "epoch" and record.get("val_accuracy") is not None]
 
 
 def first_reaching(records: list[dict], target: float) -> tuple[float | None, int | None]:
@@ -140,12 +131,14 @@ FASHION_MNIST_MEAN, FASHION_MNIST_STD = 0.2860, 0.3530  # of the train split, on
 
 def read_idx_images(path: Path) -> np.ndarray:
     with gzip.open(path, "rb") as f:
-        return np.frombuffer(f.read(), dtype=np.uint8, offset=16).reshape(-1, 28, 28)
+        pixels = np.frombuffer(f.read(), dtype=np.uint8, offset=IDX_HEADER["images"])
+    return pixels.reshape(-1, 28, 28)
 
 
 def read_idx_labels(path: Path) -> np.ndarray:
     with gzip.open(path, "rb") as f:
-        return np.frombuffer(f.read(), dtype=np.uint8, offset=8).astype(np.int64)
+        labels = np.frombuffer(f.read(), dtype=np.uint8, offset=IDX_HEADER["labels"])
+    return labels.astype(np.int64)
 
 
 def plain_pytorch(source: Path, epochs: int, run_dir: Path, recipe: str = "turbotrain") -> None:
@@ -250,9 +243,11 @@ def plain_pytorch(source: Path, epochs: int, run_dir: Path, recipe: str = "turbo
             metrics.flush()
     (run_dir / "summary.json").write_text(json.dumps({
         "val_accuracy": accuracy, "images_per_second": train_images / train_seconds,
-        "wall_seconds": time.perf_counter() - started, "torch_threads": torch.get_num_threads(),
-        "precision": "fp32", "channels_last": False, "compiled": False, "recipe": recipe},
-        indent=2) + "\n")
+        "wall_seconds": time.perf_counter() - started, "model": spec.name,
+        "pipeline": "torchvision transforms + DataLoader", "precision": "fp32",
+        "channels_last": False, "compiled": False, "batch_size": BATCH_SIZE,
+        "workers": LOADER_WORKERS, "torch_threads": torch.get_num_threads(),
+        "recipe": RECIPES[recipe]}, indent=2) + "\n")
 
 
 # == Data =========================================================================================
@@ -299,15 +294,21 @@ def timed_process(command: list[str], log: Path, timeout: float) -> float:
     return seconds
 
 
+# What each side's summary.json says of how it trained, copied into the result.
+SETTINGS = ("model", "pipeline", "precision", "channels_last", "compiled", "batch_size", "lr",
+            "workers", "torch_threads", "recipe")
+
+
 def summarise(run_dir: Path, target: float, process_seconds: float) -> dict:
-    records = epoch_records(run_dir / "metrics.jsonl")
+    records = epoch_records(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     seconds, epochs = first_reaching(records, target)
     return {"seconds_to_target": seconds, "epochs_to_target": epochs,
             "final_accuracy": records[-1]["val_accuracy"] if records else None,
             "images_per_second": summary.get("images_per_second"),
             "seconds_per_epoch": seconds_per_epoch(records),
-            "process_seconds": process_seconds, "curve": curve(records)}
+            "process_seconds": process_seconds, "curve": curve(records),
+            "settings": {key: summary[key] for key in SETTINGS if key in summary}}
 
 
 def run_turbotrain(source: Path, work: Path, epochs: int, target: float, timeout: float) -> dict:
@@ -319,13 +320,7 @@ def run_turbotrain(source: Path, work: Path, epochs: int, target: float, timeout
     train = timed_process([sys.executable, "-m", "turbotrain", "train", "--data", str(prepared),
                            "--out", str(run_dir), "--epochs", str(epochs)],
                           work / "turbotrain.log", timeout)
-    result = summarise(run_dir, target, train)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    result["prepare_seconds"] = prepare
-    result["settings"] = {key: summary.get(key) for key in (
-        "model", "pipeline", "precision", "channels_last", "compiled", "batch_size", "lr",
-        "workers", "torch_threads")}
-    return result
+    return {**summarise(run_dir, target, train), "prepare_seconds": prepare}
 
 
 def run_plain_pytorch(source: Path, work: Path, epochs: int, target: float,
@@ -336,14 +331,7 @@ def run_plain_pytorch(source: Path, work: Path, epochs: int, target: float,
                              "--epochs", str(epochs), "--run-dir", str(run_dir),
                              "--child-recipe", recipe],
                             work / f"plain-{recipe}.log", timeout)
-    result = summarise(run_dir, target, seconds)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    result["settings"] = {"model": "compact28", "pipeline": "torchvision transforms + DataLoader",
-                          "precision": "fp32", "channels_last": False, "compiled": False,
-                          "batch_size": BATCH_SIZE, "workers": LOADER_WORKERS,
-                          "torch_threads": summary.get("torch_threads"),
-                          "recipe": RECIPES[recipe]}
-    return result
+    return summarise(run_dir, target, seconds)
 
 
 def fastest(runs: list[dict]) -> dict:

@@ -7,8 +7,7 @@ file opens with the machine the numbers came from (run_all.json, written by run_
 measurement time; else this machine, said so) and a table of every goal next to its measured
 ratio; then one section per benchmark with its table and its exact command, and plots
 (pipelines.png, time_to_accuracy.png) beside the JSON. A benchmark without results says so,
-and so does the GPU section when no GPU table was measured. Unknown shapes (ddp.json, written
-by another script) get a generic table, so a new benchmark shows up before it gets a renderer.
+and so does the GPU section when no GPU table was measured.
 """
 from __future__ import annotations
 
@@ -379,26 +378,26 @@ def plot_time_to_accuracy(data: dict, path: Path) -> Path | None:
 # -- the document ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Section:
-    stem: str  # bench/results/<stem>.json
+    stem: str  # bench/results/<stem>.json, written by bench/bench_<stem>.py
     title: str
-    command: str  # the default run; a JSON's own "command" wins
     render: Callable[[dict, Where], Body]
+
+    @property
+    def command(self) -> str:
+        """The script's default run; the command a JSON records, else run_all's, wins."""
+        return f"python bench/bench_{self.stem}.py"
 
 
 SECTIONS = [
-    Section("prepare", "Dataset conversion: prepare-dataset vs FFCV",
-            "python bench/bench_prepare.py", render_prepare),
-    Section("pipelines", "Input pipelines: ours vs FFCV, DALI, torchvision",
-            "python bench/bench_pipelines.py", render_pipelines),
-    Section("engines", "Our pipeline engines on one file: pytorch, dali, ffcv",
-            "python bench/bench_engines.py", render_engines),
-    Section("pillow", "PIL decode + resize: pillow-simd vs pillow",
-            "python bench/bench_pillow.py", render_pillow),
+    Section("prepare", "Dataset conversion: prepare-dataset vs FFCV", render_prepare),
+    Section("pipelines", "Input pipelines: ours vs FFCV, DALI, torchvision", render_pipelines),
+    Section("engines", "Our pipeline engines on one file: pytorch, dali, ffcv", render_engines),
+    Section("pillow", "PIL decode + resize: pillow-simd vs pillow", render_pillow),
     Section("train_precision", "Training step: precision and memory format",
-            "python bench/bench_train_precision.py", render_train_precision),
+            render_train_precision),
     Section("time_to_accuracy", "Time to 90 % on Fashion-MNIST (issue #5)",
-            "python bench/bench_time_to_accuracy.py", render_time_to_accuracy),
-    Section("ddp", "Several processes (DDP)", "python bench/bench_ddp.py", render_ddp),
+            render_time_to_accuracy),
+    Section("ddp", "Several processes (DDP)", render_ddp),
 ]
 
 
@@ -493,7 +492,9 @@ def render(results: Path = RESULTS_DIR, output: Path = OUTPUT) -> Path:
         note = _status_note(status, path)
         if note:
             lines += [note, ""]
-        command = (status or {}).get("command") or (data or {}).get("command") or section.command
+        # The command that made the results shown: the JSON's own (a script run alone with its
+        # own flags after `make bench`), else the one run_all ran, else the script's default.
+        command = (data or {}).get("command") or (status or {}).get("command") or section.command
         lines += ["```", command, "```", ""]
         if data is None:
             lines += [f"No results (bench/results/{section.stem}.json is missing).", ""]

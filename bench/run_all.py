@@ -6,13 +6,12 @@ BENCHMARKS.md rendered from bench/results/*.json (bench/report.py).
     .venv/bin/python bench/run_all.py --render-only           # rebuild BENCHMARKS.md from JSON
 
 Each script runs as its own process (none shares a warm interpreter or a loaded library with the
-next), its output streamed here. One that is missing (bench_ddp.py is written separately), needs
-a GPU this machine lacks, fails or times out does not stop the rest: its status goes into
-bench/results/run_all.json with the machine the suite ran on, and BENCHMARKS.md says so. Run it
-on a quiet machine: the benchmarks time wall-clock work on every core. Expect roughly 20-30
-minutes on the 2-core dev box (an estimate from each script's defaults; the plain-PyTorch side
-of time_to_accuracy is the longest single run), plus a few minutes the first time, when
-bench_pipelines.py generates its cached data.
+next), its output streamed here. One that is missing, needs a GPU this machine lacks, fails or
+times out does not stop the rest: its status goes into bench/results/run_all.json with the
+machine the suite ran on, and BENCHMARKS.md says so. Run it on a quiet machine: the benchmarks
+time wall-clock work on every core. It took 9 min 48 s on the 2-core dev box (`time make
+bench`, data cached; the plain-PyTorch side of time_to_accuracy is the longest single run),
+plus a few minutes the first time, when bench_pipelines.py generates its cached data.
 """
 from __future__ import annotations
 
