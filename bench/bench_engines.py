@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<15} {rate or 0:>9,.0f} {ratio:>11}")
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({
-        "command": "python bench/bench_engines.py " + " ".join(argv or sys.argv[1:]),
+        "command": " ".join(["python", "bench/bench_engines.py", *(argv or sys.argv[1:])]),
         "cores": len(os.sched_getaffinity(0)), "workers": WORKERS,
         "photos": {"images": args.images, "size": "500x375 q90", "batch_size": args.batch_size,
                    "image_size": args.image_size},

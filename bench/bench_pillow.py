@@ -138,13 +138,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from turbotrain.train.info import pillow_build
     import PIL
-    command = "python bench/bench_pillow.py " + " ".join(argv or sys.argv[1:])
+    command = " ".join(["python", "bench/bench_pillow.py", *(argv or sys.argv[1:])])
     RESULTS.parent.mkdir(exist_ok=True)
     if not pillow_build(PIL.__version__).startswith("pillow-simd"):
         why = (f"pillow-simd is not installed here (PIL {PIL.__version__}); "
                "scripts/build_pillow_simd.py builds it")
         print(why)
-        RESULTS.write_text(json.dumps({"command": command.strip(), "skipped": why}, indent=2))
+        RESULTS.write_text(json.dumps({"command": command, "skipped": why}, indent=2))
         return 0
     jpegs, pngs = photos(args.images)
     lists = (CACHE / "pillow-jpegs.txt", CACHE / "pillow-pngs.txt")
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(decode {ratios['decode']:.2f}x, resize {ratios['resize']:.2f}x); "
           f"prepare-dataset on PNGs {ratios['png_prepare']:.2f}x")
     RESULTS.write_text(json.dumps({
-        "command": command.strip(), "images": len(jpegs),
+        "command": command, "images": len(jpegs),
         "size": f"{SIZE[0]}x{SIZE[1]} q90", "output": f"{OUTPUT[0]}x{OUTPUT[1]}",
         "rounds": args.rounds, "repeats": args.repeats, "ratios": ratios,
         "results": results}, indent=2))

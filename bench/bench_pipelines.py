@@ -320,7 +320,7 @@ def main() -> int:
             goal["met"] = goal["ratio_images_per_second"] >= minimum if minimum else None
             goals.append(goal)
     report = {
-        "command": " ".join([".venv/bin/python", "bench/bench_pipelines.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "bench/bench_pipelines.py", *sys.argv[1:]]),
         "cores": len(os.sched_getaffinity(0)), "workers": WORKERS,
         "photos": {"images": args.images, "size": "500x375 q90", "batch_size": 64,
                    "image_size": 224},
