@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev libgl1 libglib2.0-0 dataset-fashion-mnist \
 	libjpeg-dev zlib1g-dev libwebp-dev libtiff-dev
 
-.PHONY: install demo test bench apt-deps clean
+.PHONY: install demo test bench gpu-check apt-deps clean
 
 install: $(STAMP)
 
@@ -50,6 +50,13 @@ test: install
 
 bench: install
 	$(PY) bench/run_all.py
+
+# On a GPU machine: `pytest -m cuda`, the speed table, one verdict line per goal, <= 8 minutes.
+# Installs nothing (no `install` prerequisite): the venv's python if there is one, else
+# $(PYTHON); `make gpu-check WHEELHOUSE=DIR` pip-installs missing engines from wheels in DIR.
+GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py --all $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,9 +1,11 @@
-"""The one GPU check: every GPU-only path, checked and timed, in one table, in <= 6 minutes.
+"""The one GPU check: every GPU-only path, checked and timed, with one verdict per goal.
 
-    python bench/gpu_check.py                      # on one GPU (default budget 330 s)
+    make gpu-check                                 # = python bench/gpu_check.py --all
+    python bench/gpu_check.py --all                # tests + speed + verdicts, <= 8 minutes
+    python bench/gpu_check.py                      # the pipeline table alone (budget 330 s)
     python bench/gpu_check.py --wheelhouse DIR     # first pip-installs missing engines from
                                                    # wheels carried in DIR (--no-index)
-    python bench/gpu_check.py --smoke              # CPU, tiny model and images: what the
+    python bench/gpu_check.py --smoke [--all]      # CPU, tiny model and images: what the
                                                    # test suite runs (tests/pipeline/test_parity.py)
 
 The GPU box has no internet: the script writes its own data (photo-like 500x375 q90 JPEGs from
@@ -11,16 +13,18 @@ turbotrain.datasets.synthetic, encoded with cv2) and installs nothing unless --w
 where the wheels are. It says plainly which engines are missing and measures what it can:
 
 * checks: `dali` with ``device="mixed"`` (nvJPEG, and the hardware decoder where present) and
-  `ffcv` with ToDevice, `resident` on CUDA, torchvision's nvJPEG decode: same labels as the CPU
-  path, images within a few grey levels;
-* speed: a ResNet-50 training step at 224 px (bf16 autocast, channels_last, torch.compile,
-  SGD) fed by each pipeline, against the same step on a synthetic uint8 batch already on the
-  GPU (the upper bound: no loader at all). The goal is every pipeline within 5 % of it.
-  `torchvision-nvjpeg` stands in for GPU decode where DALI is missing: torchvision.io's batched
-  ``decode_jpeg(device="cuda")`` plus the shared crop boxes cut and resized on the device.
+  `ffcv` with ToDevice, `resident` on CUDA: same labels as the CPU path, images within a few
+  grey levels;
+* the pipeline table: a ResNet-50 training step at 224 px (bf16 autocast, channels_last,
+  torch.compile, fused SGD) fed by each pipeline, against the same step on a synthetic uint8
+  batch already on the GPU (the upper bound: no loader at all). The goal is every pipeline
+  within 5 % of it. `torchvision-nvjpeg` (bench/gpu_sources.py) is GPU decode without DALI;
+* with --all, first `pytest -m cuda`, then `train` itself at its defaults on `resident` and
+  `dali` against its own synthetic bound, the `pytorch` pipeline's scaling over the cores,
+  torch.compile modes side by side, and a small-data accuracy run (bench/gpu_all.py); it ends
+  with one `goal: ... measured ... -> met/MISSED` line per goal of issue 14.
 
-One table: pipeline, images/s alone (the loader, no model), images/s training, fraction of the
-synthetic bound. Also written as JSON to --json (default bench/results/gpu_check.json).
+Everything is also written as JSON to --json (default bench/results/gpu_check.json).
 Without simplejpeg (not a torch dependency) `pytorch` and `resident` decode through a cv2
 stand-in, flagged in the table.
 """
@@ -38,11 +42,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))  # gpu_all, gpu_sources (runpy.run_path does not add it)
+
+import gpu_all  # noqa: E402
+from gpu_sources import install_simplejpeg_stand_in, sources  # noqa: E402
 
 ENGINES = {"dali": "nvidia.dali", "ffcv": "ffcv", "simplejpeg": "simplejpeg",
            "torchvision": "torchvision"}
 WHEELS = {"dali": "nvidia-dali-cuda130", "ffcv": "ffcv", "simplejpeg": "simplejpeg"}
 GOAL = 0.95  # every pipeline within 5 % of the synthetic bound
+MODES = ["reduce-overhead", "max-autotune-no-cudagraphs"]  # compared with "default" (--all)
 
 
 @dataclass(frozen=True)
@@ -57,13 +66,15 @@ class Settings:
     steps: int
     budget_s: float
     compile: bool
+    train_steps: int = 60  # --all: optimizer steps of each `train` run (warm-up included)
 
     @classmethod
     def from_args(cls, args) -> "Settings":
+        budget = args.budget_s if args.budget_s is not None else (465.0 if args.all else 330.0)
         if args.smoke:
-            return cls("cpu", "resnet18", 32, 8, 48, (64, 48), 1, 2, args.budget_s, False)
+            return cls("cpu", "resnet18", 32, 8, 48, (64, 48), 1, 2, budget, False, 3)
         return cls("cuda", "resnet50", 224, args.batch_size, args.images, (500, 375),
-                   args.warmup, args.steps, args.budget_s, True)
+                   args.warmup, args.steps, budget, True, args.train_steps)
 
 
 class Report:
@@ -73,6 +84,7 @@ class Report:
         self.notes: list[str] = []
         self.checks: list[dict] = []
         self.rows: list[dict] = []
+        self.extra: dict = {}  # --all: tests, train_runs, scaling, compile_modes, small_data
 
     def say(self, line: str) -> None:
         print(f"[{time.monotonic() - self.started:5.0f} s] {line}", flush=True)
@@ -115,36 +127,6 @@ def find_engines(report: Report) -> None:
                f"MISSING: {', '.join(absent) or 'none'}")
 
 
-def install_simplejpeg_stand_in() -> None:
-    """A cv2-backed `simplejpeg` module: what `pytorch`/`resident` call, no more."""
-    import types
-
-    import cv2
-    import numpy as np
-
-    def decode_jpeg(data, colorspace="rgb", fastdct=False, fastupsample=False, min_height=0,
-                    min_width=0, min_factor=1.0, buffer=None, strict=True):
-        raw = np.frombuffer(memoryview(data), dtype=np.uint8)
-        flags = cv2.IMREAD_COLOR
-        for factor, reduced in ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4),
-                                (2, cv2.IMREAD_REDUCED_COLOR_2)):
-            if min_factor >= factor:
-                flags = reduced
-                break
-        image = cv2.imdecode(raw, flags)
-        if image is None:
-            raise ValueError("cv2 could not decode the JPEG")
-        return cv2.cvtColor(image, cv2.COLOR_BGR2RGB) if colorspace.lower() == "rgb" else image
-
-    def encode_jpeg(image, quality=85, colorspace="rgb", colorsubsampling="420", fastdct=True):
-        bgr = cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2BGR)
-        return cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, int(quality)])[1].tobytes()
-
-    module = types.ModuleType("simplejpeg")
-    module.decode_jpeg, module.encode_jpeg, module.__version__ = decode_jpeg, encode_jpeg, "cv2"
-    sys.modules["simplejpeg"] = module
-
-
 # -- data and model -------------------------------------------------------------------------------
 def write_data(folder: Path, settings: Settings, report: Report):
     from concurrent.futures import ThreadPoolExecutor
@@ -170,7 +152,7 @@ def write_data(folder: Path, settings: Settings, report: Report):
     return open_dataset(path)
 
 
-def make_step(settings: Settings):
+def make_step(settings: Settings, mode: str = "default", fused: bool = True):
     """step(images uint8 NCHW channels_last, labels) -> None: one SGD step, no host sync."""
     import torch
     import torchvision
@@ -188,9 +170,10 @@ def make_step(settings: Settings):
             return self.net((images.float() - mean) / std)
 
     model = Stemmed().to(device, memory_format=torch.channels_last)
-    compiled = torch.compile(model) if settings.compile else model
+    compiled = torch.compile(model, mode=mode) if settings.compile else model
     cuda = device.type == "cuda"
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=cuda or None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9,
+                                fused=(cuda and fused) or None, foreach=None if fused else True)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
 
     def step(images, labels):
@@ -200,74 +183,6 @@ def make_step(settings: Settings):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return step
-
-
-# -- sources of batches ---------------------------------------------------------------------------
-class TorchvisionDecode:
-    """GPU-decode stand-in: torchvision.io.decode_jpeg on the device, shared order and boxes."""
-    name = "torchvision-nvjpeg"
-
-    def __init__(self, dataset, settings: Settings, seed: int = 0):
-        from turbotrain.pipeline.order import SampleOrder
-        self.dataset, self.settings, self.seed = dataset, settings, seed
-        self.order = SampleOrder(len(dataset), batch_size=settings.batch_size, seed=seed)
-        self.epoch = 0
-
-    def __len__(self):
-        return len(self.order)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def close(self) -> None:
-        pass
-
-    def __iter__(self):
-        import numpy as np
-        import torch
-        import torch.nn.functional as F
-        from torchvision.io import ImageReadMode, decode_jpeg
-        from turbotrain.pipeline import augment
-        device, s, ds = torch.device(self.settings.device), self.settings.image_size, self.dataset
-        for indices in self.order.batches(self.epoch):
-            data = [torch.from_numpy(np.array(ds.beton.payload(i))) for i in indices]
-            decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
-            boxes = augment.crop_boxes(augment.RESIZED_CROP, seed=self.seed, epoch=self.epoch,
-                                       indices=indices, heights=ds.heights[indices],
-                                       widths=ds.widths[indices], image_size=s)
-            out = torch.empty((len(indices), s, s, 3), dtype=torch.uint8, device=device)
-            for k, image in enumerate(decoded):
-                top, left, h, w, flip = boxes.row(k)
-                crop = image[None, :, top:top + h, left:left + w].float()
-                crop = F.interpolate(crop, size=(s, s), mode="bilinear", antialias=True)
-                crop = crop.round_().clamp_(0, 255).to(torch.uint8)[0]
-                out[k] = (crop.flip(-1) if flip else crop).permute(1, 2, 0)
-            labels = torch.from_numpy(ds.labels[indices]).to(device, non_blocking=True)
-            yield out.permute(0, 3, 1, 2), labels
-
-
-def sources(dataset, settings: Settings, report: Report):
-    """[(name, builder)] of everything that can feed the model here."""
-    import torch
-    from turbotrain.pipeline import build_pipeline
-    device = torch.device(settings.device)
-    options = dict(train=True, batch_size=settings.batch_size, image_size=settings.image_size,
-                   device=device, seed=0)
-    stand_in = "" if report.engines["simplejpeg"] else " (cv2 decode)"
-    out = [(n + stand_in, lambda n=n: build_pipeline(n, dataset, **options))
-           for n in ("pytorch", "resident")]
-    if report.engines["dali"]:
-        from turbotrain.pipeline.base import PipelineOptions
-        from turbotrain.pipeline.dali import DaliPipeline
-        out.append(("dali", lambda: build_pipeline("dali", dataset, **options)))
-        if device.type == "cuda":  # default: hardware decoder where present; 0: CUDA only
-            out.append(("dali-no-hw-decoder", lambda: DaliPipeline(
-                dataset, PipelineOptions(**options), hw_decoder_load=0.0)))
-    if report.engines["ffcv"]:
-        out.append(("ffcv", lambda: build_pipeline("ffcv", dataset, **options)))
-    if report.engines["torchvision"]:
-        out.append((TorchvisionDecode.name, lambda: TorchvisionDecode(dataset, settings)))
-    return out
 
 
 def timed(batches, settings: Settings, step=None) -> float:
@@ -289,7 +204,19 @@ def timed(batches, settings: Settings, step=None) -> float:
     return count / (time.perf_counter() - started)
 
 
-# -- the run --------------------------------------------------------------------------------------
+def synthetic_bound(settings: Settings, step) -> float:
+    """The step's images/s on one uint8 batch already on the device (compiles in warm-up)."""
+    import torch
+    device = torch.device(settings.device)
+    images = torch.randint(0, 256, (settings.batch_size, settings.image_size,
+                                    settings.image_size, 3), dtype=torch.uint8,
+                           device=device).permute(0, 3, 1, 2)
+    labels = torch.randint(0, 10, (settings.batch_size,), device=device)
+    warm = Settings(**{**settings.__dict__, "warmup": max(3, settings.warmup)})
+    return timed(iter(lambda: (images, labels), None), warm, step)
+
+
+# -- the pipeline table ---------------------------------------------------------------------------
 def first_batch(build):
     from turbotrain.pipeline.bench import endless
     with_pipeline = build()
@@ -320,42 +247,32 @@ def gpu_checks(dataset, settings: Settings, report: Report) -> None:
                      f"labels {'equal' if same else 'DIFFER'}, mean |GPU - CPU| {diff:.2f}")
 
 
-def run(settings: Settings, report: Report) -> None:
-    import torch
-
+def pipeline_table(dataset, settings: Settings, report: Report) -> None:
     from turbotrain.pipeline.bench import endless
-    with tempfile.TemporaryDirectory() as folder:
-        dataset = write_data(Path(folder), settings, report)
-        step = make_step(settings)
-        device = torch.device(settings.device)
-        images = torch.randint(0, 256, (settings.batch_size, settings.image_size,
-                                        settings.image_size, 3), dtype=torch.uint8,
-                               device=device).permute(0, 3, 1, 2)
-        labels = torch.randint(0, 10, (settings.batch_size,), device=device)
-        warm = Settings(**{**settings.__dict__, "warmup": max(3, settings.warmup)})
-        bound = timed(iter(lambda: (images, labels), None), warm, step)  # compiles in warm-up
-        report.rows.append({"pipeline": "synthetic (on GPU)" if device.type == "cuda" else
-                            "synthetic", "alone": None, "train": bound, "of_bound": 1.0})
-        report.say(f"synthetic bound: {bound:,.0f} images/s")
-        if device.type == "cuda":
-            gpu_checks(dataset, settings, report)
-        for name, build in sources(dataset, settings, report):
-            if report.left() < 25:
-                report.notes.append(f"{name}: skipped, the time budget is spent")
-                continue
-            row = {"pipeline": name, "alone": None, "train": None, "of_bound": None}
+    step = make_step(settings)
+    bound = synthetic_bound(settings, step)
+    report.rows.append({"pipeline": "synthetic (on GPU)" if settings.device == "cuda" else
+                        "synthetic", "alone": None, "train": bound, "of_bound": 1.0})
+    report.say(f"synthetic bound: {bound:,.0f} images/s")
+    if settings.device == "cuda":
+        gpu_checks(dataset, settings, report)
+    for name, build in sources(dataset, settings, report):
+        if report.left() < 25:
+            report.notes.append(f"{name}: skipped, the time budget is spent")
+            continue
+        row = {"pipeline": name, "alone": None, "train": None, "of_bound": None}
+        try:
+            pipeline = build()
             try:
-                pipeline = build()
-                try:
-                    row["alone"] = timed(endless(pipeline), settings)
-                    row["train"] = timed(endless(pipeline), settings, step)
-                    row["of_bound"] = row["train"] / bound
-                finally:
-                    pipeline.close()
-            except Exception as e:  # noqa: BLE001 - one failing engine must not hide the others
-                row["error"] = f"{type(e).__name__}: {e}"[:300]
-            report.rows.append(row)
-            report.say(f"{name}: {row}")
+                row["alone"] = timed(endless(pipeline), settings)
+                row["train"] = timed(endless(pipeline), settings, step)
+                row["of_bound"] = row["train"] / bound
+            finally:
+                pipeline.close()
+        except Exception as e:  # noqa: BLE001 - one failing engine must not hide the others
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        report.rows.append(row)
+        report.say(f"{name}: {row}")
 
 
 def table(report: Report) -> str:
@@ -372,15 +289,60 @@ def table(report: Report) -> str:
     return "\n".join(lines)
 
 
+# -- --all ----------------------------------------------------------------------------------------
+def run_all(folder: Path, dataset, settings: Settings, report: Report, args) -> None:
+    """The stages of bench/gpu_all.py around the pipeline table, most important first; each
+    starts only if the budget has room (`--budget-s 1200` measures them all)."""
+    data = str(folder / "train.beton")
+    steps = settings.train_steps
+    cuda = settings.device == "cuda"
+    report.extra["train_runs"] = gpu_all.train_defaults(report, folder, data, report.engines,
+                                                        steps)
+    if report.left() >= gpu_all.COST["scaling"]:
+        report.extra["scaling"] = gpu_all.pytorch_scaling(report, dataset, settings)
+    if report.left() >= gpu_all.COST["table"]:
+        pipeline_table(dataset, settings, report)
+    else:
+        report.notes.append("the pipeline table: skipped, the time budget is spent")
+    if cuda and report.left() >= gpu_all.COST["learn"]:
+        report.extra["small_data"] = gpu_all.small_data_learns(report, folder)
+    if cuda:  # what --model auto picks from 100,000 images on
+        report.extra["large_runs"] = gpu_all.train_defaults(
+            report, folder, data, report.engines, steps,
+            flags=("--model", "resnet50", "--image-size", "224"), prefix="large")
+
+    def step_bound(mode: str, fused: bool) -> float:
+        return synthetic_bound(settings, make_step(settings, mode=mode, fused=fused))
+
+    if cuda:
+        modes = gpu_all.compile_modes(report, folder, data, steps, report.extra["train_runs"],
+                                      args.modes, step_bound)
+        bound = next((r["train"] for r in report.rows if r["pipeline"].startswith("synthetic")),
+                     None)
+        modes["resnet50_step"] = {"default": bound, **modes["resnet50_step"]}
+        report.extra["compile_modes"] = modes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--all", action="store_true",
+                        help="tests, train at its defaults, scaling, compile modes, verdicts")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny model/data, few steps")
     parser.add_argument("--images", type=int, default=4096, help="generated JPEGs (4096)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches per measurement")
     parser.add_argument("--steps", type=int, default=30, help="timed batches per measurement")
-    parser.add_argument("--budget-s", type=float, default=330.0,
-                        help="stop starting measurements after this long (default 330 s)")
+    parser.add_argument("--train-steps", type=int, default=60,
+                        help="--all: optimizer steps per `train` run (default 60)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="stop starting measurements after this long (default 330 s; "
+                             "465 s with --all, which must end within 8 minutes)")
+    parser.add_argument("--tests-timeout", type=float, default=200.0,
+                        help="--all: seconds for `pytest -m cuda` (default 200; 0 skips it)")
+    parser.add_argument("--tests", nargs="+", default=["tests"], metavar="PATH",
+                        help="--all: where the CUDA tests are collected (default tests)")
+    parser.add_argument("--modes", nargs="*", default=MODES,
+                        help=f"--all: compile modes to time against default ({' '.join(MODES)})")
     parser.add_argument("--wheelhouse", default=None, help="folder of wheels to install from")
     parser.add_argument("--json", default=str(ROOT / "results" / "gpu_check.json"))
     args = parser.parse_args(argv)
@@ -398,19 +360,33 @@ def main(argv: list[str] | None = None) -> int:
         report.notes.append("pytorch/resident decode with a cv2 stand-in for simplejpeg")
     where = torch.cuda.get_device_name() if settings.device == "cuda" else "cpu (smoke)"
     report.say(f"torch {torch.__version__} on {where}; {settings}")
-    run(settings, report)
+    if args.all and args.tests_timeout > 0:
+        timeout = min(args.tests_timeout, max(10.0, report.left() - 120))
+        report.extra["tests"] = gpu_all.run_cuda_tests(report, timeout=timeout,
+                                                       paths=args.tests)
+    with tempfile.TemporaryDirectory() as folder:
+        dataset = write_data(Path(folder), settings, report)
+        if args.all:
+            run_all(Path(folder), dataset, settings, report, args)
+        else:
+            pipeline_table(dataset, settings, report)
     print("\n" + table(report))
     for note in report.notes:
         print(f"note: {note}")
+    seconds = time.monotonic() - report.started
+    result = {"device": where, "torch": torch.__version__, "settings": settings.__dict__,
+              "engines": report.engines, "rows": report.rows, "checks": report.checks,
+              "notes": report.notes, **report.extra, "seconds": seconds}
+    if args.all:
+        result["goals"] = gpu_all.goals(result, report.rows)
+        print("\n" + "\n".join(gpu_all.mode_lines(result) + gpu_all.goal_lines(result["goals"])))
     failed = [c["check"] for c in report.checks if not c["ok"]]
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(
-        {"device": where, "torch": torch.__version__, "settings": settings.__dict__,
-         "engines": report.engines, "rows": report.rows, "checks": report.checks,
-         "notes": report.notes, "seconds": time.monotonic() - report.started}, indent=2))
-    print(f"wrote {args.json}; {time.monotonic() - report.started:.0f} s"
+    Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    print(f"wrote {args.json}; {seconds:.0f} s"
           + (f"; FAILED checks: {', '.join(failed)}" if failed else ""))
-    return 1 if failed else 0
+    tests_failed = args.all and (result.get("tests") or {}).get("returncode") not in (0, None)
+    return 1 if failed or tests_failed else 0
 
 
 if __name__ == "__main__":

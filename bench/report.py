@@ -412,7 +412,9 @@ def render_gpu(results_file: Path, status: dict | None = None) -> Body:
         if note:
             why += "; " + note[0].lower() + note[1:].rstrip(".")
         return Body([f"**No GPU table was measured** ({why}). The numbers above are CPU-only. "
-                     "On a machine with a GPU run `python bench/gpu_check.py` (writes "
+                     "On a machine with a GPU run `make gpu-check` (`python bench/gpu_check.py "
+                     "--all`: the CUDA tests, this table, `train` at its defaults against its "
+                     "synthetic bound and one verdict per goal, in at most 8 minutes; writes "
                      "bench/results/gpu_check.json; `--wheelhouse DIR` installs missing engines "
                      "offline), then `python bench/run_all.py --render-only`.\n"],
                     [Goal("gpu", "every pipeline / synthetic-data bound", f">= {GPU_GOAL:.0%}",
@@ -440,6 +442,9 @@ def render_gpu(results_file: Path, status: dict | None = None) -> Body:
               for c in data.get("checks", [])]
     if checks:
         body.lines += md_table(["check", "result", "detail"], checks)
+    goals = [[g["goal"], g["measured"], g["verdict"]] for g in data.get("goals", [])]
+    if goals:  # gpu_check.py --all
+        body.lines += md_table(["goal (gpu_check.py --all)", "measured", "verdict"], goals)
     body.lines += [f"- {note}" for note in data.get("notes", [])] + [""]
     worst = min(shares) if shares else None
     body.goals.append(Goal("gpu", "every pipeline / synthetic-data bound", f">= {GPU_GOAL:.0%}",

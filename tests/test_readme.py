@@ -215,6 +215,9 @@ def verify_make(command: Command, box: Sandbox) -> None:
     elif target == "bench":
         assert last == ".venv/bin/python bench/run_all.py", result.stdout
         assert (REPO / "bench" / "run_all.py").is_file()
+    elif target == "gpu-check":  # needs a GPU; tests/pipeline/test_parity.py runs its smoke form
+        assert last.split()[1:] == ["bench/gpu_check.py", "--all"], result.stdout
+        assert "install" not in result.stdout.replace("gpu_check", "")  # installs nothing
 
 
 def pyproject_requirements() -> dict[str, list[Requirement]]:
@@ -432,7 +435,7 @@ def check_torchrun(ran: Ran) -> None:
 # README command (regex over the whole command, comments dropped) -> how the test runs it. The
 # first rule that matches wins.
 RULES = [
-    Rule(r"make (demo|test|bench|install)", verify=verify_make),
+    Rule(r"make (demo|test|bench|install|gpu-check)", verify=verify_make),
     Rule(r"pip install .*", verify=verify_pip),
     Rule(r"apt-get install .*", verify=verify_apt),
     Rule(r"prepare-dataset SOURCE OUT \[.*", verify=verify_prepare_synopsis),

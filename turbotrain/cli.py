@@ -17,6 +17,7 @@ import signal
 import sys
 
 from . import __version__
+from .datasets.untrusted import Limits
 
 EXIT_USAGE = 2
 
@@ -26,7 +27,10 @@ def _raise_keyboard_interrupt(signum, frame):
 
 
 def _fail(prog: str, message: str) -> int:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    """One line on stderr; the message often quotes names from a dataset, hence `printable`
+    (idempotent: text it already escaped holds nothing left to escape)."""
+    from .printable import printable
+    print(f"{prog}: error: {printable(message)}", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -46,18 +50,43 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--on-error", choices=["fail", "skip"], default="fail",
                    help="fail (default): stop at the first unreadable image; skip: list it in "
                         "OUT/skipped.txt")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing OUT that prepare-dataset made (never any other "
+                        "folder)")
+    safety = p.add_argument_group("limits on untrusted data (docs/SECURITY.md)")
+    safety.add_argument("--allow-outside-root", action="store_true",
+                        help="read CSV rows and symlinks that lead outside SOURCE (refused by "
+                             "default)")
+    safety.add_argument("--max-file-mb", type=_positive_mb, default=Limits.max_file_bytes >> 20,
+                        metavar="MB", help="largest image or list file read (default %(default)s)")
+    safety.add_argument("--max-array-mb", type=_positive_mb,
+                        default=Limits.max_array_bytes >> 20, metavar="MB",
+                        help="largest pixel data of a CIFAR/idx/.npz source, inflated "
+                             "(default %(default)s)")
+    safety.add_argument("--max-inflate-ratio", type=float, default=Limits.max_inflate_ratio,
+                        metavar="X", help="refuse a compressed source that inflates more than "
+                                          "X times its size, above 64 MiB (default %(default)g)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
+
+
+def _positive_mb(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of MiB, not {text}")
+    return value
 
 
 def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
     from .datasets.prepare import PrepareError, PrepareOptions, prepare_dataset
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # clean up on `kill` too
     progress = sys.stderr.isatty() if args.progress is None else args.progress
+    limits = Limits(max_file_bytes=args.max_file_mb << 20, max_array_bytes=args.max_array_mb << 20,
+                    max_inflate_ratio=args.max_inflate_ratio)
     options = PrepareOptions(encoding=args.encoding, max_side=args.max_side, quality=args.quality,
                              workers=args.workers, val_fraction=args.val_fraction,
-                             on_error=args.on_error, overwrite=args.overwrite, progress=progress)
+                             on_error=args.on_error, overwrite=args.overwrite, progress=progress,
+                             limits=limits, allow_outside_root=args.allow_outside_root)
     try:
         info = prepare_dataset(args.source, args.out, options)
     except PrepareError as e:
@@ -65,6 +94,8 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; {args.out} was left untouched", file=sys.stderr)
         return 130
+    if info["workers"]["note"]:
+        print(f"{prog}: note: {info['workers']['note']}", file=sys.stderr)
     written = sum(s["num_samples"] for s in info["splits"].values())
     skipped = sum(s["skipped"] for s in info["splits"].values())
     size = sum(s["bytes"] for s in info["splits"].values())
@@ -94,11 +125,12 @@ def run_verify(args: argparse.Namespace) -> int:
         problems = verify(args.out, progress=sys.stderr.isatty())
     except DatasetError as e:
         return _fail("turbotrain verify", str(e))
+    from .printable import printable
     for problem in problems:
-        print(problem, file=sys.stderr)
+        print(printable(problem), file=sys.stderr)
     if problems:
         return _fail("turbotrain verify", f"{len(problems)} problem(s) in {args.out}")
-    print(f"{args.out}: ok")
+    print(f"{printable(args.out)}: ok")
     return 0
 
 

@@ -1,7 +1,6 @@
 """The .beton writer and reader: round trips, FFCV compatibility both ways, and a fuzzer."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from turbotrain.datasets import open_dataset
-from turbotrain.datasets.synthetic import shape_image, write_shapes_imagefolder
+from turbotrain.datasets.synthetic import write_shapes_imagefolder
 
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 
@@ -169,12 +169,20 @@ def test_skip_lists_bad_files(tmp_path):
 
 def test_existing_out_needs_overwrite(photo_folder, tmp_path):
     out = tmp_path / "ds"
+    cli("prepare", photo_folder, out, "--max-side", "32", check=0)
+    result = cli("prepare", photo_folder, out, check=2)
+    assert "--overwrite" in result.stderr
+    cli("prepare", photo_folder, out, "--overwrite", "--max-side", "64", check=0)
+    assert json.loads((out / "dataset.json").read_text())["encoding"]["max_side"] == 64
+
+
+def test_overwrite_never_replaces_a_folder_it_did_not_make(photo_folder, tmp_path):
+    """--overwrite replaces a prepared dataset only; tests/security has the other cases."""
+    out = tmp_path / "notes"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    result = cli("prepare", photo_folder, out, check=2)
-    assert "--overwrite" in result.stderr and (out / "keep.txt").exists()
-    cli("prepare", photo_folder, out, "--overwrite", "--max-side", "64", check=0)
-    assert not (out / "keep.txt").exists() and (out / "dataset.json").exists()
+    result = cli("prepare", photo_folder, out, "--overwrite", check=2)
+    assert "did not make it" in result.stderr and (out / "keep.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize("problem", ["missing", "empty"])

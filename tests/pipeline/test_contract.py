@@ -151,3 +151,33 @@ def test_photo_eval_is_a_centre_crop(name, photo_path):
         expected = resized[top:top + size, left:left + size].astype(np.float32)
         got = image.permute(1, 2, 0).numpy().astype(np.float32)
         assert np.abs(got - expected).mean() < 6, f"sample {i}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", NAMES)
+def test_each_pipeline_delivers_the_contract_on_cuda(name, split):
+    """On the GPU: the same layout, on the device, with the CPU path's labels in its order and
+    its pixels within a few grey levels (GPU decoders and resamplers round differently; 6, the
+    tolerance test_parity allows any pipeline against the stored image)."""
+    from turbotrain.pipeline import PipelineUnavailable, build_pipeline
+    _, dataset, size = split
+    batches = {}
+    for device in (torch.device("cuda"), torch.device("cpu")):
+        try:
+            pipeline = build_pipeline(name, dataset, device=device, **options(size, train=False))
+        except PipelineUnavailable as e:  # with a GPU, only a missing engine (FFCV, DALI)
+            pytest.skip(f"{name} cannot run here: {e}")
+        with pipeline:
+            pipeline.set_epoch(0)
+            batches[device.type] = []
+            for images, labels in pipeline:
+                assert images.device.type == labels.device.type == device.type
+                assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+                assert images.shape[1:] == (3, size, size)
+                assert images.is_contiguous(memory_format=torch.channels_last)
+                batches[device.type].append((images.cpu().float(), labels.cpu()))
+    assert len(batches["cuda"]) == len(batches["cpu"]) > 0
+    for (gpu_images, gpu_labels), (cpu_images, cpu_labels) in zip(batches["cuda"],
+                                                                   batches["cpu"]):
+        assert torch.equal(gpu_labels, cpu_labels)
+        assert (gpu_images - cpu_images).abs().mean() < 6

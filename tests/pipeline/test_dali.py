@@ -175,7 +175,7 @@ def test_registered_and_built_by_name(photo_path):
         assert isinstance(pipeline, DaliPipeline) and pipeline.spec.device_id is None
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_mixed_decode_matches_the_cpu_path(photo_path):
     dataset = open_dataset(photo_path)
     with DaliPipeline(dataset, opts(device=torch.device("cuda"))) as pipeline:

@@ -195,7 +195,7 @@ def test_normalize_after_to_tensor_is_an_error_not_a_hang(photo_path):
     assert "#350" in done.stdout
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_to_device(photo_path):
     dataset = open_dataset(photo_path)
     with FfcvPipeline(dataset, opts(device=torch.device("cuda"))) as pipeline:

@@ -155,16 +155,19 @@ def test_small_images_are_identical_everywhere(train, small_path):
 GPU_CHECK = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
 
 
-def run_gpu_check(tmp_path, prelude: str = "") -> dict:
+def run_gpu_check(tmp_path, prelude: str = "", *args: str) -> dict:
     """Runs the script in a child process (fresh DALI/FFCV/numba state); returns its JSON."""
     out = tmp_path / "gpu_check.json"
-    code = (f"import runpy, sys\n{prelude}\nsys.argv = ['gpu_check.py', '--smoke', '--json', "
-            f"{str(out)!r}]\nrunpy.run_path({str(GPU_CHECK)!r}, run_name='__main__')\n")
+    argv = ["gpu_check.py", "--smoke", "--json", str(out), *args]
+    code = (f"import runpy, sys\n{prelude}\nsys.argv = {argv!r}\n"
+            f"runpy.run_path({str(GPU_CHECK)!r}, run_name='__main__')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "of bound" in done.stdout  # the table
-    return json.loads(out.read_text())
+    result = json.loads(out.read_text())
+    result["stdout"] = done.stdout
+    return result
 
 
 @pytest.mark.timeout(300)
@@ -186,3 +189,26 @@ def test_gpu_check_says_which_engines_are_missing(tmp_path):
     assert any("dali is MISSING" in note for note in result["notes"])
     names = {row["pipeline"] for row in result["rows"] if not row.get("error")}
     assert {"pytorch (cv2 decode)", "resident (cv2 decode)", "torchvision-nvjpeg"} <= names
+
+
+@pytest.mark.timeout(300)
+def test_gpu_check_all_smoke_runs_every_stage_on_cpu(tmp_path):
+    """`make gpu-check` (--all) in its CPU smoke form: the CUDA tests of one file (skipped
+    here), `train` on resident/dali and its synthetic bound through bench/gpu_train.py, the
+    pytorch scaling, the table, and one verdict line per goal."""
+    result = run_gpu_check(tmp_path, "", "--all", "--tests",
+                           "tests/train/test_batch_finder.py")
+    tests = result["tests"]
+    assert tests["returncode"] == 0 and tests["counts"].get("skipped", 0) >= 1
+    runs = {row["run"]: row for row in result["train_runs"]}
+    expected = {"default-resident", "default-synthetic-0"}
+    expected |= {"default-dali"} if result["engines"]["dali"] else set()
+    assert expected <= set(runs), runs
+    assert all(runs[name]["images_per_second"] > 0 for name in expected), runs
+    assert runs["default-resident"]["bound_images_per_second"] > 0
+    assert runs["default-synthetic-0"]["pipeline"] == "gpu-check-synthetic"
+    assert result["scaling"]["one_thread"] > 0 and result["scaling"]["efficiency"] > 0
+    lines = [line for line in result["stdout"].splitlines() if line.startswith("goal: ")]
+    assert len(lines) == len(result["goals"]) >= 10
+    assert all(line.endswith(("-> met", "-> MISSED", "-> not measured")) for line in lines)
+    assert "train defaults on resident" in result["stdout"]

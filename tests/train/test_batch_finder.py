@@ -76,6 +76,57 @@ def test_cpu_estimate_grows_with_pixels_and_respects_the_budget():
     assert trial.fits(fit.batch_size)
 
 
+class _TrialWithRoomFor40:
+    """TrialSteps on a pretend GPU: batches up to 40 fit."""
+
+    def __init__(self, build, *, device, **_):
+        assert device.index is not None, f"trial steps on an index-less device {device}"
+        self.trials = []
+
+    def fits(self, batch):
+        self.trials.append((batch, batch <= 40))
+        return batch <= 40
+
+    def close(self):
+        pass
+
+
+def test_cuda_search_gets_an_indexed_device(monkeypatch):
+    """`train --batch-size auto` passes torch.device("cuda"); torch's memory cap wants an index
+    (issue 14: ValueError "Expected a torch.device with a specified index ... got:cuda").
+    The CUDA calls are replaced by fakes that check their arguments as torch does."""
+    from types import SimpleNamespace
+
+    from torch.cuda._utils import _get_device_index
+    capped = []
+
+    def set_fraction(fraction, device):
+        _get_device_index(device)  # torch's own check: raises for a device without an index
+        assert isinstance(fraction, float) and 0 <= fraction <= 1
+        capped.append((fraction, device))
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", _get_device_index)
+    monkeypatch.setattr(bf, "TrialSteps", _TrialWithRoomFor40)
+    fit = bf.find_batch_size(tiny_model, num_classes=4, image_size=16,
+                             device=torch.device("cuda"), precision="bf16",
+                             channels_last=True, limit=512)
+    assert fit.batch_size == 40 and "on cuda:0 within 90% of its 80 GiB" in fit.how
+    assert [device for _, device in capped] == [torch.device("cuda", 0)] * 2
+    assert [fraction for fraction, _ in capped] == [0.9, 1.0]  # the cap, then lifted
+
+
+@pytest.mark.cuda
+def test_cuda_search_runs_real_steps_on_the_gpu():
+    fit = bf.find_batch_size(tiny_model, num_classes=4, image_size=16,
+                             device=torch.device("cuda"), precision="bf16",
+                             channels_last=True, limit=64)
+    assert fit.batch_size == 64 and "1 trial step pair(s) on cuda:" in fit.how
+
+
 def test_divisor_for_a_global_batch():
     assert bf.divisor_at_most(1024, 300) == 256
     assert bf.divisor_at_most(96, 40) == 32
@@ -93,16 +144,26 @@ def test_global_batch_size_sets_the_accumulation(train_cli, tiny_dataset, tmp_pa
 
 
 def test_auto_batch_with_a_global_batch(train_cli, tiny_dataset, tmp_path, monkeypatch):
-    # A memory budget with room for 20 images: the micro-batch becomes 16 (a multiple of 8 and
-    # a divisor of 48), and accumulation makes up the rest.
+    """On the default device (the CPU here, the GPU on a CUDA machine, where this caught the
+    index-less device of issue 14): memory with room for 20 images makes the micro-batch 16 (a
+    multiple of 8 and a divisor of 48), and accumulation makes up the rest."""
     real = bf.find_batch_size
+    real_steps = bf.TrialSteps._steps
 
-    def tight(build, **k):
+    def steps(trial, batch):  # CUDA: real trial steps up to 20 images, out of memory above
+        if batch > 20:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        real_steps(trial, batch)
+
+    def tight(build, **k):  # CPU: a memory budget with room for 20 images
+        if k["device"].type == "cuda":
+            return real(build, **k)
         fixed, per_image = bf.estimate_cpu_bytes(
             build, image_size=k["image_size"], precision=k["precision"],
             channels_last=k["channels_last"], optimizer=k["optimizer"])
         return real(build, **k, budget_bytes=int(fixed + 20.5 * per_image))
 
+    monkeypatch.setattr(bf.TrialSteps, "_steps", steps)
     monkeypatch.setattr(bf, "find_batch_size", tight)
     out = tmp_path / "run"
     code, stdout, err = train_cli("--data", tiny_dataset, "--out", out, "--epochs", 1,

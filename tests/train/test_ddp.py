@@ -42,9 +42,12 @@ GLOBAL_BATCH = 64
 EPOCHS = 2
 STEPS = EPOCHS * TRAIN_IMAGES // GLOBAL_BATCH  # 128
 # Everything but the batch size is shared by the 1- and 2-process runs. --deterministic and
-# --log-every 1 make the 2-process run the exact reference for the resume test.
+# --log-every 1 make the 2-process run the exact reference for the resume test. --device cpu:
+# these are the Gloo tests, on any machine (on a one-GPU machine two ranks would otherwise
+# share cuda:0, which NCCL refuses); test_one_process_on_nccl is the GPU's.
 COMMON = ("--pipeline", "pytorch", "--epochs", EPOCHS, "--threads", 1, "--workers", 0,
-          "--log-every", 1, "--checkpoint-every", 20, "--deterministic", "--seed", 0)
+          "--log-every", 1, "--checkpoint-every", 20, "--deterministic", "--seed", 0,
+          "--device", "cpu")
 TWO_RANKS = ("--batch-size", GLOBAL_BATCH // 2, *COMMON)
 # Measured on the 2-core box, seeds 0-2: 1 process 78.0-78.5%, 2 processes 78.3-79.1%, a gap
 # of at most 1.0 point (BatchNorm statistics over each rank's 32 images instead of 64).
@@ -222,7 +225,7 @@ def test_resuming_with_another_number_of_processes_is_refused(two_rank_run, trai
 # ---------------------------------------------------------------------------- failures
 
 LONG_RUN = ("--batch-size", 32, "--pipeline", "pytorch", "--epochs", 50, "--threads", 1,
-            "--workers", 0, "--log-every", 5, "--checkpoint-every", 0)
+            "--workers", 0, "--log-every", 5, "--checkpoint-every", 0, "--device", "cpu")
 
 
 @pytest.mark.timeout(120)
@@ -255,7 +258,7 @@ def test_a_hung_rank_makes_the_other_time_out_with_an_error(fashion_subset, tmp_
     timeout = 4
     proc = start_torchrun("--data", fashion_subset, "--out", out, *LONG_RUN, "--dist-timeout",
                           timeout, pid_dir=pids, log=log)
-    expected = f"train: error: rank 0 of 2: no answer from another rank within --dist-timeout"
+    expected = "train: error: rank 0 of 2: no answer from another rank within --dist-timeout"
     try:
         wait_until(lambda: logged_steps(out) >= 10, proc, timeout=90, log=log)
         os.kill(rank_pid(pids, 1), signal.SIGSTOP)  # alive but silent: no socket closes
@@ -290,6 +293,55 @@ def test_logged_metrics_are_reduced_across_ranks(tmp_path):
                                                             str(tmp_path)), nprocs=2)
     for rank in (0, 1):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == [2.0, True, 1.5]
+
+
+class _OneRankGroup(DistEnv):
+    """One process that still takes the distributed path: a process group, DDP (no_sync on
+    micro-steps), the log-point reductions, the checkpoint barrier, the eval all-reduce. A
+    one-GPU machine cannot run two NCCL ranks (they would share cuda:0), so this is how the
+    NCCL path is tested there."""
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_one_process_group_trains_under_ddp(device, train_cli, tiny_dataset, tmp_path,
+                                            monkeypatch):
+    """Gloo on the CPU; NCCL on a GPU (the backend follows the device)."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from turbotrain.train import trainer
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
+                        "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(trainer, "dist_env_from_environ", lambda: _OneRankGroup())
+    wrapped = []
+
+    class CountingDDP(DistributedDataParallel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            wrapped.append(dist.get_backend())
+
+    monkeypatch.setattr(torch.nn.parallel, "DistributedDataParallel", CountingDDP)
+    out = tmp_path / "run"
+    code, _, err = train_cli("--data", tiny_dataset, "--out", out, "--device", device,
+                             "--epochs", 1, "--batch-size", 8, "--accum-steps", 2,
+                             "--no-compile", "--pipeline", "test-memory", "--threads", 1,
+                             "--workers", 0, "--log-every", 2)
+    assert code == 0, err
+    assert wrapped == ["nccl" if device == "cuda" else "gloo"]
+    assert not dist.is_initialized()  # torn down at the end
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["val_loss"] is not None
 
 
 def test_sync_bn_converts_on_cuda_and_refuses_cpu():

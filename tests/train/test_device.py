@@ -54,3 +54,36 @@ def test_thread_budget_respects_what_was_asked():
     assert (plan.workers, plan.torch_threads) == (5, 3)
     plan = dev.plan_threads(CPU, cores=2, workers=2, threads=2, jpeg_fraction=1.0)
     assert "oversubscribed" in plan.reason
+
+
+H200 = dev.GpuInfo("NVIDIA H200", (9, 0), 141 * 2**30)
+V100 = dev.GpuInfo("Tesla V100-SXM2-32GB", (7, 0), 32 * 2**30)
+CUDA = torch.device("cuda", 0)
+
+
+def test_each_cuda_decision_gives_its_gpu_reason():
+    """What `train` prints at start on a GPU, decided for GPUs this machine does not have."""
+    from types import SimpleNamespace
+
+    from turbotrain.train.builder import threads_after_pipeline
+    from turbotrain.train.resolve import auto_batch_size
+    precision = dev.choose_precision("auto", CUDA, H200)
+    assert precision.value == "bf16"
+    assert precision.reason.startswith("NVIDIA H200: compute capability 9.0 >= 8.0")
+    older = dev.choose_precision("auto", CUDA, V100)
+    assert older.value == "fp16" and "compute capability 7.0 < 8.0" in older.reason
+    compiled = dev.choose_compile(None, CUDA, H200)
+    assert compiled.value is True and compiled.reason.startswith("CUDA (NVIDIA H200): ")
+    mode = dev.choose_compile_mode(CUDA, H200)
+    assert mode.value == dev.COMPILE_MODE and "on NVIDIA H200" in mode.reason
+    assert "reduce-overhead" in mode.reason and "gpu_check.py --all" in mode.reason
+    plan = dev.plan_threads(CUDA, cores=16, workers=None, threads=None, jpeg_fraction=1.0)
+    assert (plan.workers, plan.torch_threads) == (15, 1)
+    assert plan.reason.startswith("CUDA: ") and "15 of 16 cores decode" in plan.reason
+    resident = threads_after_pipeline(plan, SimpleNamespace(name="resident", cpu_workers=0),
+                                      "cuda")
+    assert (resident.workers, resident.torch_threads) == (0, 16)
+    assert resident.reason.startswith("CUDA: the resident pipeline uses 0 CPU worker(s)")
+    for size in (32, 224):
+        assert "CUDA" in auto_batch_size(size, "cuda")[1]
+    assert str(H200) == "NVIDIA H200, compute capability 9.0, 141 GiB"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from turbotrain.train.doctor import Facts, diagnose
 
@@ -78,7 +79,11 @@ def test_slow_pipeline_is_input_bound(train_cli, tiny_dataset, tmp_path):
     assert "bottleneck: input-bound" in stdout and "try: " in stdout
     assert (out / "timeline.png").stat().st_size > 0
     summary = _summary(out)
-    assert summary["peak_host_memory_bytes"] > 0 and summary["peak_device_memory_bytes"] is None
+    assert summary["peak_host_memory_bytes"] > 0
+    if torch.cuda.is_available():  # the default device: the GPU's peak is the device memory
+        assert summary["peak_device_memory_bytes"] > 0
+    else:
+        assert summary["peak_device_memory_bytes"] is None
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "step"]
     timed = [r for r in steps if r.get("data_wait_ms") is not None]
     assert timed and all(r["data_wait_ms"] > r["compute_ms"] for r in timed)
@@ -86,10 +91,15 @@ def test_slow_pipeline_is_input_bound(train_cli, tiny_dataset, tmp_path):
 
 
 def test_heavy_model_on_tiny_data_is_compute_bound(train_cli, tiny_dataset, tmp_path):
+    # On the default device. A GPU runs ResNet-9 on 16 images of 16 px in microseconds, so the
+    # step there would wait for kernel launches (host-bound, rightly): it gets 32 images of
+    # 160 px (~1.8 TFLOP a step) to be heavy; the CPU keeps 16 px, or the test would take minutes.
+    size, batch = (160, 32) if torch.cuda.is_available() else (16, 16)
     out = tmp_path / "run"
-    code, _, err = train_cli("--data", tiny_dataset, "--out", out, "--epochs", 1,
-                             "--batch-size", 16, "--model", "resnet9", "--precision", "fp32",
-                             "--max-steps", 6, *FAST[:-2], "--log-every", 3)
+    code, _, err = train_cli("--data", tiny_dataset, "--out", out, "--epochs", 2,
+                             "--batch-size", batch, "--image-size", size, "--model", "resnet9",
+                             "--precision", "fp32", "--max-steps", 6, *FAST[:-2],
+                             "--log-every", 3)
     assert code == 0, err
     diagnosis = _summary(out)["diagnosis"]
     assert diagnosis["verdict"] == "compute-bound", diagnosis

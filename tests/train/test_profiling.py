@@ -29,6 +29,39 @@ def test_step_clock_splits_data_wait_and_compute_on_cpu():
     assert clock.flush().steps == []  # flushing starts a new window
 
 
+class _InstantGpuEvent:
+    """torch.cuda.Event on a pretend GPU that runs each kernel the moment it is launched."""
+
+    def __init__(self, enable_timing=False):
+        self.at = None
+
+    def record(self, stream=None):
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return 1000 * (end.at - self.at)
+
+
+def test_step_clock_on_cuda_times_with_events_and_never_synchronises(monkeypatch):
+    """The step loop's only syncs are the trainer's, one per log window: the clock adds none
+    (it once synchronised after each window's first step for its host-bound probe)."""
+    monkeypatch.setattr(torch.cuda, "Event", _InstantGpuEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize",
+                        lambda *a: pytest.fail("StepClock synchronised inside the step loop"))
+    clock = StepClock(torch.device("cuda"))
+    for step in (1, 2, 3):
+        with clock.waiting():
+            time.sleep(0.02)
+        time.sleep(0.005)
+        clock.computed(step)
+    window = clock.flush()
+    assert [s.step for s in window.steps] == [1, 2, 3]
+    # This GPU finishes each step right after its last launch: the host-bound signature.
+    assert window.host_issue_fraction == pytest.approx(1.0, abs=0.05)
+    # Steps 2 and 3: the GPU sat idle from the previous step's end to this batch's arrival.
+    assert all(0.02 <= s.data_wait < 0.05 and s.compute >= 0.005 for s in window.steps[1:])
+
+
 def test_timeline_stays_bounded_and_keeps_every_step():
     timeline = StepTimeline(max_points=8)
     timeline.add([StepTime(i, 0.01, 0.02) for i in range(1, 101)])

@@ -28,7 +28,9 @@ def test_run_leaves_config_metrics_summary_curves_checkpoint(train_cli, tiny_dat
     assert SUMMARY_KEYS <= set(summary)
     assert summary["steps"] == 12 and summary["epochs"] == 2
     assert summary["global_batch_size"] == 16 and summary["world_size"] == 1
-    assert summary["pipeline"] == "test-memory" and summary["device"] == "cpu"
+    # The default device: the GPU on a CUDA machine (cuda:0), else the CPU.
+    assert summary["pipeline"] == "test-memory"
+    assert summary["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     assert summary["val_accuracy"] > 0.5  # the squares are easy
     assert 0 <= summary["data_wait_fraction"] < 1 and summary["images_per_second"] > 0
     records = read_jsonl(out / "metrics.jsonl")
@@ -206,3 +208,24 @@ def test_a_damaged_val_split_is_an_error_not_a_silent_skip(train_cli, tmp_path):
     (data / "val.beton").write_bytes(b"\0" * 100)
     line = _one_line_error(*train_cli("--data", data, "--out", tmp_path / "r", *FAST)[::2])
     assert "val.beton" in line
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(300)
+def test_train_with_defaults_on_the_gpu(train_cli, tmp_path):
+    """`train --data DS` and nothing else (issue 14: it crashed in the batch finder): batch
+    auto, bf16/fp16, torch.compile and the pipeline auto picks; each decision printed at
+    start gives its GPU reason."""
+    from .tiny_data import write_tiny_dataset
+    data = write_tiny_dataset(tmp_path / "ds", size=32, train=512, val=64)
+    out = tmp_path / "run"
+    code, stdout, err = train_cli("--data", data, "--out", out, "--epochs", 2)
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["device"].startswith("cuda") and summary["compiled"] is True
+    assert summary["precision"] in ("bf16", "fp16") and summary["steps"] > 0
+    decisions = summary["decisions"]
+    for key in ("device", "precision", "compile", "compile_mode", "threads", "batch_size"):
+        why = decisions[key]
+        assert any(w in why for w in ("CUDA", "GPU", "compute capability")), (key, why)
+        assert f"  {key}: {why}" in stdout

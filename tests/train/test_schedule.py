@@ -60,3 +60,23 @@ def test_ema_follows_the_weights_with_a_ramped_decay():
     other = ModelEMA(model, decay=0.5)
     other.load_state_dict(state)
     assert other.updates == 1 and other.decay == 0.99
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_fused_optimizer_makes_the_same_update(name):
+    """The trainer asks for fused optimizers on CUDA (one kernel per update, no host sync for a
+    GradScaler's inf check); they must step like the plain ones (checked on the CPU here)."""
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(6, 3) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    optimizers = [build_optimizer(m, name=name, lr=0.1, weight_decay=1e-2, momentum=0.9,
+                                  fused=fused) for m, fused in zip(models, (False, True))]
+    assert optimizers[1].defaults["fused"] is True and not optimizers[0].defaults["fused"]
+    inputs = torch.randn(4, 6)
+    for _ in range(3):
+        for model, optimizer in zip(models, optimizers):
+            model(inputs).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b)

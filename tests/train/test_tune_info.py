@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import time
 
 import PIL
 import pytest
@@ -28,6 +29,40 @@ def test_tune_sweeps_pipelines_and_recommends_a_train_command(cli, tiny_dataset)
     command = result["command"]
     assert command.startswith(f"turbotrain train --data {tiny_dataset} --pipeline test-memory")
     assert f"--batch-size {result['batch_size']}" in command
+
+
+def test_a_slow_batch_search_leaves_the_sweep_its_budget(cli, tiny_dataset, monkeypatch):
+    """On a GPU the batch search (CUDA start-up, cuDNN autotune, trial steps) took longer than
+    a short --budget-seconds, every row was skipped for time, and the test above failed with
+    TypeError: '>' between NoneType and NoneType (issue 14). The budget is the sweep's."""
+    real = bf.find_batch_size
+
+    def slow(build, **k):
+        time.sleep(1.5)
+        return real(build, **k)
+
+    monkeypatch.setattr(bf, "find_batch_size", slow)
+    code, out, err = cli("tune", "--data", tiny_dataset, "--pipeline", "test-memory",
+                         "--workers", 1, "--budget-seconds", 1, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["rows"][0]["loader_images_per_second"] > 0, result["rows"]
+    assert result["best"]["pipeline"] == "test-memory" and result["seconds"] >= 1.5
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(120)
+def test_tune_on_the_gpu(cli, tiny_dataset):
+    code, out, err = cli("tune", "--data", tiny_dataset, "--device", "cuda", "--pipeline",
+                         "test-memory", "test-slow", "--workers", 1, "--budget-seconds", 3,
+                         "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["device"].startswith("cuda") and "trial step pair(s) on cuda:" in result["how"]
+    rows = {r["pipeline"]: r for r in result["rows"]}
+    assert rows["test-memory"]["loader_images_per_second"] > \
+        rows["test-slow"]["loader_images_per_second"]
+    assert result["best"]["pipeline"] == "test-memory" and "--threads" not in result["command"]
 
 
 def test_tune_reaches_a_global_batch_with_accumulation(cli, tiny_dataset, monkeypatch):

@@ -6,9 +6,18 @@ from pathlib import Path
 
 import numpy as np
 
+from turbotrain.printable import printable
+
 from . import format as fmt
-from .dataset import file_sha256, open_dataset, read_dataset_json
+from .dataset import file_sha256, open_split, read_dataset_json, split_path
 from .reader import DatasetError
+
+# inspect shows the first few class names, each cut to this length: a name may be 1,000 chars.
+_SHOWN_CLASSES = 12
+_SHOWN_NAME_CHARS = 40
+# verify lists this many undecodable samples per split, then counts the rest: a damaged
+# million-image split must not become a million-line report held in memory.
+_LISTED_SAMPLE_PROBLEMS = 20
 
 
 def _human(n: float) -> str:
@@ -19,29 +28,40 @@ def _human(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def _name(text: object) -> str:
+    """A name from the dataset as inspect prints it: escaped (`printable`) and cut short."""
+    text = str(text)
+    if len(text) > _SHOWN_NAME_CHARS:
+        text = text[:_SHOWN_NAME_CHARS - 3] + "..."
+    return printable(text)
+
+
 def describe(root: str | Path) -> str:
-    """A human summary: splits, counts, classes, encoding mix, image sizes and bytes."""
+    """A human summary: splits, counts, classes, encoding mix, image sizes and bytes. Every
+    string taken from the dataset goes through `printable`: a class name holding "\x1b]0;"
+    must not drive the terminal that shows it."""
     root = Path(root)
     info = read_dataset_json(root)
     classes = info["classes"]
-    lines = [f"{root}: {len(classes)} classes: {', '.join(classes[:12])}"
-             + (", ..." if len(classes) > 12 else "")]
-    source = info.get("source", {})
-    lines.append(f"  source: {source.get('kind')} at {source.get('path')}")
-    enc = info.get("encoding", {})
-    lines.append(f"  encoding: {enc.get('encoding')}, max side {enc.get('max_side')}, "
+    lines = [f"{printable(root)}: {len(classes)} classes: "
+             + ", ".join(_name(c) for c in classes[:_SHOWN_CLASSES])
+             + (", ..." if len(classes) > _SHOWN_CLASSES else "")]
+    source = info.get("source") or {}
+    lines.append(f"  source: {printable(source.get('kind'))} at {printable(source.get('path'))}")
+    enc = info.get("encoding") or {}
+    lines.append(f"  encoding: {printable(enc.get('encoding'))}, max side {enc.get('max_side')}, "
                  f"quality {enc.get('quality')}")
     stats = info.get("pixel_stats")
     if stats:
         lines.append("  pixel mean " + ", ".join(f"{v:.1f}" for v in stats["mean"])
                      + " / std " + ", ".join(f"{v:.1f}" for v in stats["std"]))
     for split in info["splits"]:
-        ds = open_dataset(root, split)
+        ds = open_split(root, info, split)
         counts = np.bincount(ds.labels, minlength=len(classes)) if len(ds) else np.zeros(1)
         jpeg = int((ds.modes == fmt.MODE_JPEG).sum())
         sizes = ds.beton.sizes
         lines.append(
-            f"  {split}: {len(ds)} images ({jpeg} jpeg, {len(ds) - jpeg} raw), "
+            f"  {printable(split)}: {len(ds)} images ({jpeg} jpeg, {len(ds) - jpeg} raw), "
             f"{_human(float(sizes.sum()))} of image data, file {_human(ds.beton.file_size)}; "
             f"per class {int(counts.min())}..{int(counts.max())}; "
             f"size {int(ds.widths.min())}..{int(ds.widths.max())} x "
@@ -50,30 +70,40 @@ def describe(root: str | Path) -> str:
 
 
 def verify(root: str | Path, progress: bool = True) -> list[str]:
-    """Checks every split's checksum and decodes every image; returns the problems found."""
+    """Checks every split's size and checksum and decodes every image; returns the problems
+    found, one printable line each. dataset.json itself must pass its schema (DatasetError)."""
     from tqdm import tqdm
     root = Path(root)
     info = read_dataset_json(root)
     problems = []
     for split, meta in info["splits"].items():
-        path = root / meta["file"]
+        path = split_path(root, info, split)
+        shown = printable(path)
         try:
-            digest = file_sha256(path)
-        except OSError as e:
-            problems.append(f"{path}: unreadable ({e.strerror or e})")
-            continue
-        if digest != meta.get("sha256"):
-            problems.append(f"{path}: checksum mismatch (the file changed after prepare-dataset)")
-        try:
-            ds = open_dataset(root, split)
+            ds = open_split(root, info, split)  # the size check, before hashing the file
         except DatasetError as e:
             problems.append(str(e))
             continue
-        if len(ds) != meta.get("num_samples"):
-            problems.append(f"{path}: {len(ds)} samples, dataset.json says {meta.get('num_samples')}")
+        try:
+            digest = file_sha256(path)
+        except OSError as e:
+            problems.append(f"{shown}: unreadable ({e.strerror or e})")
+            continue
+        if "sha256" not in meta:
+            problems.append(f"{shown}: dataset.json records no checksum for it")
+        elif digest != meta["sha256"].lower():
+            problems.append(f"{shown}: checksum mismatch (the file changed after prepare-dataset)")
+        if len(ds) != meta["num_samples"]:
+            problems.append(f"{shown}: {len(ds)} samples, dataset.json says {meta['num_samples']}")
+        failed = 0
         for i in tqdm(range(len(ds)), desc=f"verify {split}", unit="img", disable=not progress):
             try:
                 ds.image(i)
             except DatasetError as e:
-                problems.append(str(e))
+                failed += 1
+                if failed <= _LISTED_SAMPLE_PROBLEMS:
+                    problems.append(str(e))
+        if failed > _LISTED_SAMPLE_PROBLEMS:
+            problems.append(f"{shown}: {failed - _LISTED_SAMPLE_PROBLEMS} more samples do not "
+                            f"decode ({failed} in all)")
     return problems

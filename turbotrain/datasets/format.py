@@ -79,6 +79,17 @@ MIN_PAGE_SIZE = 2 << 20
 IMAGE_FIELD = "image"
 LABEL_FIELD = "label"
 MAX_IMAGE_SIDE = np.iinfo(np.uint16).max  # width/height are '<u2' in the metadata
+# The most pixels one stored image may have, checked from headers and metadata before anything
+# is decoded. Decoding costs 14 bytes per pixel for RGB and 34 for RGBA (PIL's decode plus our
+# conversion and resize buffers), so 100 Mpx is 1.4-3.4 GB in one worker: above any ordinary
+# camera photo (12-50 Mpx), far below what a crafted header can declare (~100 bytes of PNG can
+# claim 20,000 x 20,000 pixels; a .beton's '<u2' sides allow 65,535 x 65,535 = 4.3 Gpx).
+MAX_PIXELS = 100_000_000
+# The most classes a dataset may have: 10x ImageNet-21k's 21,841. The class count sizes the
+# output layer (2,048 x 200,000 fp32 weights = 1.6 GB), so a label read from a file (a bare
+# .beton's largest label, a CSV's integer labels) is checked against it before anything is
+# allocated for it.
+MAX_CLASSES = 200_000
 
 
 def metadata_dtype(type_ids: list[int]) -> np.dtype:

@@ -25,8 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
+from ..printable import printable
 from . import format as fmt
 from .dataset import DATASET_FORMAT_VERSION, DATASET_JSON, file_sha256, split_filename
+from .output_folder import (OutputFolderError, check_output, install, partial_dir,
+                            remove_stale_partials)
+from .untrusted import Limits, UnsafeInput
 from .writer import BetonWriter, SampleTooLarge
 
 # Samples per task sent to a worker: large enough that the pipe costs nothing (~1 % at 16 x
@@ -53,6 +57,8 @@ class PrepareOptions:
     overwrite: bool = False
     seed: int = 0
     progress: bool = True
+    limits: Limits = Limits()
+    allow_outside_root: bool = False  # read CSV rows / symlinks that lead outside SOURCE
 
 
 @dataclass
@@ -108,7 +114,7 @@ def _encode_range(bounds: tuple[int, int]) -> list:
                                    max_side=_WORKER_OPTIONS.max_side,
                                    quality=_WORKER_OPTIONS.quality)
             out.append(("ok", sample))
-        except ImageError as e:
+        except (ImageError, UnsafeInput) as e:
             out.append(("error", name, str(e)))
         except OSError as e:
             out.append(("error", name, f"cannot read ({e.strerror or e})"))
@@ -189,29 +195,6 @@ def _pixel_stats(result: SplitResult) -> dict | None:
             "std": [round(float(v), 4) for v in np.sqrt(var)]}
 
 
-def _partial_dir(out: Path) -> Path:
-    return out.parent / f".{out.name}.partial-{os.getpid()}"
-
-
-def _remove_stale_partials(out: Path) -> None:
-    """Removes what runs killed with SIGKILL left behind (their process no longer exists)."""
-    for stale in out.parent.glob(f".{out.name}.partial-*"):
-        pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-def _install(partial: Path, out: Path) -> None:
-    """Moves the finished dataset into place; an old OUT is only removed after that succeeds."""
-    if out.exists():
-        trash = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(trash)
-        partial.rename(out)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        partial.rename(out)
-
-
 def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
                     options: PrepareOptions = PrepareOptions()) -> dict:
     """Converts SOURCE into a prepared dataset at OUT; returns the dataset.json content."""
@@ -219,28 +202,23 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
     from .sources import SourceError, detect_source, with_val_split
 
     out = Path(out).absolute()
-    if out.exists() and not options.overwrite:
-        raise PrepareError(f"{out} already exists; pass --overwrite to replace it")
-    if options.on_error not in ("fail", "skip"):
-        raise PrepareError(f"--on-error must be fail or skip, not {options.on_error!r}")
-    if options.encoding not in ("auto", "jpeg", "raw"):
-        raise PrepareError(f"--encoding must be auto, jpeg or raw, not {options.encoding!r}")
-    if not 1 <= options.quality <= 100:
-        raise PrepareError(f"--quality must be in 1..100, not {options.quality}")
-    if not 0 <= options.max_side <= fmt.MAX_IMAGE_SIDE:
-        raise PrepareError(f"--max-side must be in 0..{fmt.MAX_IMAGE_SIDE} (0 keeps the size), "
-                           f"not {options.max_side}")
+    _check_options(options)
     try:
-        source = detect_source(source_path)
+        check_output(out, Path(source_path).expanduser().absolute(), options.overwrite)
+        source = detect_source(source_path, options.limits,
+                               allow_outside_root=options.allow_outside_root)
         if options.val_fraction:
             source = with_val_split(source, options.val_fraction, seed=options.seed)
-    except SourceError as e:
+    except (SourceError, OutputFolderError) as e:
         raise PrepareError(str(e)) from e
-    workers = options.workers or len(os.sched_getaffinity(0))
+    from ..host import available_ram
+    from .worker_memory import memory_bound_workers
+    workers, workers_note = memory_bound_workers(
+        options.workers or len(os.sched_getaffinity(0)), source, available_ram())
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(out)
-    partial = _partial_dir(out)
+    remove_stale_partials(out)
+    partial = partial_dir(out)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     started = time.perf_counter()
@@ -256,15 +234,38 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
         info = _dataset_info(source, options, results, partial)
         skipped = [item for r in results.values() for item in r.skipped]
         if skipped:
+            # One line per file, tab-separated: a name's own tabs, newlines and terminal
+            # escapes are written as escapes, so no name can forge a row or drive a terminal.
             (partial / "skipped.txt").write_text(
-                "".join(f"{name}\t{reason}\n" for name, reason in skipped))
+                "".join(f"{printable(name)}\t{printable(reason)}\n" for name, reason in skipped),
+                encoding="utf-8")
         (partial / DATASET_JSON).write_text(json.dumps(info, indent=2) + "\n")
-        _install(partial, out)
+        install(partial, out)
+    except OutputFolderError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise PrepareError(str(e)) from e
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     info["seconds"] = time.perf_counter() - started
+    info["workers"] = {"count": workers, "note": workers_note}  # for the CLI; not in dataset.json
     return info
+
+
+def _check_options(options: PrepareOptions) -> None:
+    if options.on_error not in ("fail", "skip"):
+        raise PrepareError(f"--on-error must be fail or skip, not {options.on_error!r}")
+    if options.encoding not in ("auto", "jpeg", "raw"):
+        raise PrepareError(f"--encoding must be auto, jpeg or raw, not {options.encoding!r}")
+    if not 1 <= options.quality <= 100:
+        raise PrepareError(f"--quality must be in 1..100, not {options.quality}")
+    if not 0 <= options.max_side <= fmt.MAX_IMAGE_SIDE:
+        raise PrepareError(f"--max-side must be in 0..{fmt.MAX_IMAGE_SIDE} (0 keeps the size), "
+                           f"not {options.max_side}")
+    limits = options.limits
+    if limits.max_file_bytes <= 0 or limits.max_array_bytes <= 0 or limits.max_inflate_ratio < 1:
+        raise PrepareError("--max-file-mb and --max-array-mb must be positive and "
+                           "--max-inflate-ratio at least 1")
 
 
 def _dataset_info(source, options: PrepareOptions, results: dict, folder: Path) -> dict:

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from turbotrain.printable import printable
+
 from . import format as fmt
+from .untrusted import UnsafeInput, open_regular
 
 
 class DatasetError(ValueError):
@@ -25,15 +28,21 @@ class BetonFile:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         try:
-            self.file_size = self.path.stat().st_size
+            # Only a regular file: a named pipe would block, /dev/zero map endless zeros.
+            f = open_regular(self.path)
+        except UnsafeInput as e:
+            raise self._fail(str(e)) from None
         except OSError as e:
-            raise DatasetError(f"{self.path}: cannot open ({e.strerror or e})") from e
-        if self.file_size < fmt.HEADER_DTYPE.itemsize:
-            raise DatasetError(f"{self.path}: not a dataset (only {self.file_size} bytes)")
-        try:
-            self._map = np.memmap(self.path, dtype="<u1", mode="r")
-        except (OSError, ValueError) as e:
-            raise DatasetError(f"{self.path}: cannot map the file ({e})") from e
+            raise self._fail(f"cannot open ({e.strerror or e})") from None
+        with f:  # the map keeps its own reference to the file; ours can close
+            self.file_size = os.fstat(f.fileno()).st_size
+            if self.file_size < fmt.HEADER_DTYPE.itemsize:
+                raise self._fail(f"not a dataset (only {self.file_size} bytes)")
+            try:
+                # mode "r": read-only pages, so nothing can write through a view of the file.
+                self._map = np.memmap(f, dtype="<u1", mode="r", shape=(self.file_size,))
+            except (OSError, ValueError) as e:
+                raise self._fail(f"cannot map the file ({e})") from e
         self._read_header()
         self._read_fields()
         self._read_metadata()
@@ -42,7 +51,7 @@ class BetonFile:
 
     # -- validation, in file order ------------------------------------------------------------
     def _fail(self, problem: str) -> DatasetError:
-        return DatasetError(f"{self.path}: {problem}")
+        return DatasetError(f"{printable(self.path)}: {problem}")
 
     def _read_header(self) -> None:
         header = self._map[: fmt.HEADER_DTYPE.itemsize].view(fmt.HEADER_DTYPE)[0]
@@ -79,7 +88,7 @@ class BetonFile:
         first field of the right type."""
         candidates = [f"f{i}" for i, t in enumerate(self.field_types) if t == type_id]
         if not candidates:
-            raise self._fail(f"has no {what} field (fields: {self.field_names})")
+            raise self._fail(f"has no {what} field (fields: {printable(self.field_names)})")
         for i, name in enumerate(self.field_names):
             if name == preferred and self.field_types[i] == type_id:
                 return f"f{i}"
@@ -124,6 +133,20 @@ class BetonFile:
             raise self._fail("corrupt metadata: unknown image storage mode")
         if (self.heights == 0).any() or (self.widths == 0).any():
             raise self._fail("corrupt metadata: an image has zero width or height")
+        # int64: two '<u2' sides multiply past uint16 (and past int32 for 65,535 x 65,535).
+        pixels = self.heights.astype(np.int64) * self.widths.astype(np.int64)
+        if (pixels > fmt.MAX_PIXELS).any():
+            first = int(np.argmax(pixels > fmt.MAX_PIXELS))
+            raise self._fail(f"sample {first} claims {self.widths[first]}x{self.heights[first]} "
+                             f"pixels, over the {fmt.MAX_PIXELS / 1e6:.0f} Mpx limit for one "
+                             f"image")
+        # The class count of a bare .beton is its largest label + 1, and sizes the model's
+        # output layer: a label of 2**40 would ask for a petabyte.
+        bad_label = (self.labels < 0) | (self.labels >= fmt.MAX_CLASSES)
+        if bad_label.any():
+            first = int(np.argmax(bad_label))
+            raise self._fail(f"sample {first} has label {self.labels[first]}, outside "
+                             f"0..{fmt.MAX_CLASSES - 1} (the most classes a dataset may have)")
         if self._alloc_ptrs.size == 0:
             raise self._fail("corrupt allocation table: it is empty")
         slot = np.searchsorted(self._alloc_ptrs, self.data_ptrs)

@@ -22,6 +22,10 @@
 
 Sample order inside a split never depends on the filesystem's listing order: ImageFolder sorts
 by class, then path; CSV keeps the list's order; array sources keep the file's order.
+
+Nothing in SOURCE is trusted (docs/SECURITY.md): a CSV row or a symlinked class folder that
+leads outside SOURCE is refused unless `allow_outside_root`, and every file is read through
+`untrusted.py` (regular files only, size caps from `Limits`).
 """
 from __future__ import annotations
 
@@ -32,15 +36,16 @@ from pathlib import Path
 
 import numpy as np
 
-from turbotrain.datasets.array_sources import (CIFAR10_DIR, CIFAR100_DIR, IDX_NAME,
-                                               find_idx_files, looks_like_cifar,
-                                               read_cifar_archive, read_cifar_folder,
-                                               read_idx_folder, read_npz)
+from turbotrain.datasets.array_sources import IDX_NAME, find_idx_files, read_idx_folder, read_npz
+from turbotrain.datasets.cifar import (CIFAR10_DIR, CIFAR100_DIR, looks_like_cifar,
+                                       read_cifar_archive, read_cifar_folder)
+from turbotrain.datasets.format import MAX_CLASSES
 from turbotrain.datasets.source_types import (ArraySplit, FileSplit, Source, SourceError,
                                               SplitSource)
+from turbotrain.datasets.untrusted import Limits, UnsafeInput, outside_root_reason, read_regular
 
-__all__ = ["ArraySplit", "FileSplit", "Source", "SourceError", "SplitSource", "IMAGE_EXTENSIONS",
-           "detect_source", "with_val_split"]
+__all__ = ["ArraySplit", "FileSplit", "Limits", "Source", "SourceError", "SplitSource",
+           "IMAGE_EXTENSIONS", "detect_source", "with_val_split"]
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
@@ -56,49 +61,55 @@ NO_IMAGES_HINT = ("expected class subfolders (ImageFolder), CIFAR batches, MNIST
                   "a .npz or a CSV/TSV list")
 
 
-def detect_source(path: str | os.PathLike) -> Source:
+def detect_source(path: str | os.PathLike, limits: Limits = Limits(), *,
+                  allow_outside_root: bool = False) -> Source:
     """Read SOURCE's layout (file lists, or arrays for array formats); see the module docstring
     for the order of checks. Raises SourceError with one line saying what is wrong."""
     path = Path(path).expanduser()
     if not path.exists():
         raise SourceError(f"SOURCE {path} does not exist")
     try:
-        return _detect(path)
+        return _detect(path, limits, allow_outside_root)
+    except UnsafeInput as e:
+        raise SourceError(f"SOURCE {path}: {e}") from None
     except OSError as e:  # permissions, a file vanishing mid-listing, a broken mount
         raise SourceError(f"cannot read SOURCE {path}: {e}") from e
+    except RecursionError:  # a folder tree nested thousands deep
+        raise SourceError(f"SOURCE {path} is nested too deeply to list") from None
 
 
-def _detect(path: Path) -> Source:
+def _detect(path: Path, limits: Limits, allow_outside_root: bool) -> Source:
     if path.is_file():
-        return _detect_file(path)
+        return _detect_file(path, limits, allow_outside_root)
     if looks_like_cifar(path):
-        return read_cifar_folder(path)
+        return read_cifar_folder(path, limits)
     inside = [path / name for name in (CIFAR10_DIR, CIFAR100_DIR) if (path / name).is_dir()]
     inside += [path / name for name in CIFAR_ARCHIVES if (path / name).is_file()]
     if inside:
         chosen = inside[0]  # an extracted folder is listed before its archive
-        return read_cifar_folder(chosen) if chosen.is_dir() else read_cifar_archive(chosen)
+        return (read_cifar_folder(chosen, limits) if chosen.is_dir()
+                else read_cifar_archive(chosen, limits))
     if find_idx_files(path):
-        return read_idx_folder(path)
-    return _read_image_folder(path)
+        return read_idx_folder(path, limits)
+    return _read_image_folder(path, limits, allow_outside_root)
 
 
-def _detect_file(path: Path) -> Source:
+def _detect_file(path: Path, limits: Limits, allow_outside_root: bool) -> Source:
     name = path.name.lower()
     if name.endswith(ARCHIVE_SUFFIXES):
-        return read_cifar_archive(path)
+        return read_cifar_archive(path, limits)
     if name.endswith(".npz"):
-        return read_npz(path)
+        return read_npz(path, limits)
     if name.endswith(LIST_SUFFIXES):
-        return _read_list(path)
+        return _read_list(path, limits, allow_outside_root)
     if IDX_NAME.match(path.name):
-        return read_idx_folder(path.parent)
+        return read_idx_folder(path.parent, limits)
     raise SourceError(f"SOURCE {path} is a file of unknown kind; {NO_IMAGES_HINT}")
 
 
 # --- ImageFolder -------------------------------------------------------------------------------
 
-def _read_image_folder(root: Path) -> Source:
+def _read_image_folder(root: Path, limits: Limits, allow_outside_root: bool) -> Source:
     subfolders = _subfolders(root)
     # train/ holding folders means a split layout; a "train" folder of images is a class.
     if "train" in subfolders and _subfolders(root / "train"):
@@ -112,8 +123,13 @@ def _read_image_folder(root: Path) -> Source:
             split_folders["val"] = root / held_out
     else:
         split_folders = {"train": root}
-    per_split = {split: _class_folders(folder, root) for split, folder in split_folders.items()}
+    links: set[str] = set()
+    per_split = {split: _class_folders(folder, root, allow_outside_root, links)
+                 for split, folder in split_folders.items()}
     classes = sorted(set().union(*per_split.values()))
+    if len(classes) > MAX_CLASSES:
+        raise SourceError(f"{root} has {len(classes):,} class folders, over the {MAX_CLASSES:,} "
+                          f"classes a dataset may have")
     index = {name: k for k, name in enumerate(classes)}
     splits = {}
     for split, by_class in per_split.items():
@@ -122,7 +138,9 @@ def _read_image_folder(root: Path) -> Source:
         for name in sorted(by_class):
             relpaths += by_class[name]
             labels += [index[name]] * len(by_class[name])
-        splits[split] = FileSplit(str(root), relpaths, np.array(labels, dtype=np.int64))
+        splits[split] = FileSplit(str(root), relpaths, np.array(labels, dtype=np.int64),
+                                  limits.max_file_bytes,
+                                  frozenset() if allow_outside_root else frozenset(links))
     return Source("imagefolder", root, classes, splits)
 
 
@@ -131,15 +149,23 @@ def _subfolders(folder: Path) -> set[str]:
             if entry.is_dir() and not entry.name.startswith(".")}
 
 
-def _class_folders(folder: Path, root: Path) -> dict[str, list[str]]:
-    """{class name: sorted image paths relative to root} for the class subfolders of folder."""
+def _class_folders(folder: Path, root: Path, allow_outside_root: bool,
+                   links: set[str]) -> dict[str, list[str]]:
+    """{class name: sorted image paths relative to root} for the class subfolders of folder;
+    symlinked files found are added to `links`."""
     by_class: dict[str, list[str]] = {}
     loose: list[str] = []
     for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
         if entry.name.startswith("."):
             continue
         if entry.is_dir():
-            images = _images_under(entry.path, root)
+            # A symlinked class folder is walked (that is how people share a class between
+            # datasets) only when it stays inside SOURCE, or the user allows otherwise: a link
+            # to / would walk the whole disk and embed whatever it finds.
+            outside = None if allow_outside_root else outside_root_reason(entry.path, root)
+            if outside:
+                raise SourceError(f"class folder {entry.path} {outside}")
+            images = _images_under(entry.path, root, links)
             if not images:
                 raise SourceError(f"class folder {entry.path} is empty (no "
                                   f"{'/'.join(sorted(e[1:] for e in IMAGE_EXTENSIONS))} files); "
@@ -161,15 +187,26 @@ def _class_folders(folder: Path, root: Path) -> dict[str, list[str]]:
     return by_class
 
 
-def _images_under(folder: str, root: Path) -> list[str]:
+def _images_under(folder: str, root: Path, links: set[str]) -> list[str]:
     """Image files anywhere under folder, relative to root, sorted; dot-files (macOS '._x.jpg'
-    resource forks, which are not images) and dot-folders skipped."""
+    resource forks, which are not images) and dot-folders skipped. Symlinked sub-folders are not
+    entered (as os.walk does); symlinked files are added to `links`, the only files that
+    FileSplit.load must resolve to keep reads inside root: the rest are inside by construction,
+    and scandir says which entries are links without a system call per file."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        relative = os.path.relpath(dirpath, root)
-        found += [os.path.join(relative, f) for f in filenames
-                  if not f.startswith(".") and _is_image_name(f)]
+    pending = [folder]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif _is_image_name(entry.name):
+                    relative = os.path.relpath(entry.path, root)
+                    found.append(relative)
+                    if entry.is_symlink():
+                        links.add(relative)
     found.sort()
     return found
 
@@ -180,35 +217,56 @@ def _is_image_name(name: str) -> bool:
 
 # --- CSV / TSV lists ---------------------------------------------------------------------------
 
-def _read_list(path: Path) -> Source:
+def _read_list(path: Path, limits: Limits, allow_outside_root: bool) -> Source:
     """Rows of (image path, label). A label is an integer (kept as is: classes are "0".."max")
     or a class name (classes sorted, label = index). .tsv is tab-separated, .csv comma; a .txt
     is tab- or comma-separated when its first line holds one, else "path label" on spaces."""
-    rows = _list_rows(path)
+    rows = _list_rows(path, limits)
     root = path.parent
     relpaths, names = [], []
     for line, file, label in rows:
-        if not os.path.isfile(os.path.join(root, file)):
-            raise SourceError(f"{path}:{line}: {root / file} does not exist")
+        if "\0" in file:
+            raise SourceError(f"{path}:{line}: the path holds a NUL byte")
+        listed = os.path.join(root, file)
+        outside = None if allow_outside_root else outside_root_reason(listed, root)
+        if outside:
+            raise SourceError(f"{path}:{line}: {file} {outside}")
+        if not os.path.isfile(listed):
+            raise SourceError(f"{path}:{line}: {root / file} does not exist or is not a "
+                              f"regular file")
         relpaths.append(file)
         names.append(label)
     if not relpaths:
         raise SourceError(f"{path} lists no images; expected rows of 'path,label'")
-    if all(re.fullmatch(r"\d+", name) for name in names):
-        labels = np.array([int(name) for name in names], dtype=np.int64)
-        classes = [str(k) for k in range(int(labels.max()) + 1)]
-    else:
-        classes = sorted(set(names))
-        index = {name: k for k, name in enumerate(classes)}
-        labels = np.array([index[name] for name in names], dtype=np.int64)
-    split = FileSplit(str(root), relpaths, labels)
+    classes, labels = _list_labels(path, [line for line, _, _ in rows], names)
+    # Every row was resolved above: nothing is left to check when the files are read.
+    split = FileSplit(str(root), relpaths, labels, limits.max_file_bytes)
     return Source("csv", path, classes, {"train": split}, (path,))
 
 
-def _list_rows(path: Path) -> list[tuple[int, str, str]]:
+def _list_labels(path: Path, lines: list[int], names: list[str]) -> tuple[list[str], np.ndarray]:
+    """(classes, labels): integer labels are kept as is (classes "0".."max"), names are sorted."""
+    if all(re.fullmatch(r"\d+", name) for name in names):
+        # Checked as text first: int() of a 5,000-digit string raises, a huge label would size
+        # the output layer.
+        for line, name in zip(lines, names):
+            if len(name) > 9 or int(name) >= MAX_CLASSES:
+                raise SourceError(f"{path}:{line}: label {name[:20]} is over the "
+                                  f"{MAX_CLASSES:,} classes a dataset may have")
+        labels = np.array([int(name) for name in names], dtype=np.int64)
+        return [str(k) for k in range(int(labels.max()) + 1)], labels
+    classes = sorted(set(names))
+    if len(classes) > MAX_CLASSES:
+        raise SourceError(f"{path} names {len(classes):,} classes, over the {MAX_CLASSES:,} a "
+                          f"dataset may have")
+    index = {name: k for k, name in enumerate(classes)}
+    return classes, np.array([index[name] for name in names], dtype=np.int64)
+
+
+def _list_rows(path: Path, limits: Limits) -> list[tuple[int, str, str]]:
     """(line number, path, label) for each non-empty row, header skipped."""
     try:
-        text = path.read_text(encoding="utf-8-sig")  # -sig: Excel's byte-order mark
+        text = read_regular(path, limits.max_file_bytes).decode("utf-8-sig")  # Excel's BOM
     except (OSError, UnicodeDecodeError) as e:
         raise SourceError(f"{path} is not a readable UTF-8 list ({e})") from e
     lines = text.splitlines()
@@ -218,7 +276,10 @@ def _list_rows(path: Path) -> list[tuple[int, str, str]]:
     if suffix == ".txt" and delimiter == "," and "," not in first:
         table = [line.rsplit(None, 1) for line in lines]  # "dir/a b.jpg 3": path may have spaces
     else:
-        table = list(csv.reader(lines, delimiter=delimiter))
+        try:
+            table = list(csv.reader(lines, delimiter=delimiter))
+        except csv.Error as e:  # a field over csv's 128 KiB limit, a NUL byte
+            raise SourceError(f"{path} is not a readable list ({e})") from None
     numbered = [(k + 1, [cell.strip() for cell in row]) for k, row in enumerate(table)
                 if any(cell.strip() for cell in row)]
     path_column, label_column = 0, 1

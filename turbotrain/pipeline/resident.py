@@ -25,12 +25,12 @@ and `auto` falls back to a streaming pipeline.
 from __future__ import annotations
 
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
+from ..host import available_ram
 from . import augment
 from .base import PipelineOptions, PipelineUnavailable
 from .batched_crops import ResizedCrops, ShiftedCrops
@@ -56,21 +56,10 @@ def memory_budget(device: torch.device) -> tuple[int, str]:
         free, _ = torch.cuda.mem_get_info(device)
         where = f"{free / 2**30:.1f} GiB free on {device}"
     else:
-        free = _available_ram()
+        free = available_ram()
         where = f"{free / 2**30:.1f} GiB of available RAM"
     return int(free * RESIDENT_MEMORY_FRACTION), \
         f"{RESIDENT_MEMORY_FRACTION:.0%} of the {where}"
-
-
-def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class StoreLayout:

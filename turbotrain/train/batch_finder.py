@@ -162,6 +162,7 @@ def find_batch_size(build: Callable[[], nn.Module], *, num_classes: int, image_s
                     budget_bytes: int | None = None) -> BatchFit:
     """The largest micro-batch <= `limit` whose training step fits; `reserve_bytes` stay free
     for the pipeline (a resident store). `budget_bytes` overrides the CPU budget (tests)."""
+    device = indexed(device)
     state = torch.random.get_rng_state()  # the throwaway model must not move the run's seed
     try:
         if device.type == "cuda":
@@ -178,6 +179,17 @@ def find_batch_size(build: Callable[[], nn.Module], *, num_classes: int, image_s
     if agreed != fit.batch_size:
         fit = BatchFit(agreed, fit.limit, fit.how + f"; {agreed} on the tightest rank")
     return fit
+
+
+def indexed(device: torch.device) -> torch.device:
+    """`cuda` -> `cuda:N`, N the current device (train sets it to LOCAL_RANK's GPU).
+    torch.cuda.set_per_process_memory_fraction and friends refuse an index-less device
+    ("Expected a torch.device with a specified index"), and `train --batch-size auto` builds
+    its device from the type alone."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _search_cuda(build, *, num_classes, image_size, device, precision, channels_last, optimizer,

@@ -4,27 +4,28 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from turbotrain.datasets.untrusted import is_inside
+from turbotrain.printable import printable
+
 from . import checkpoint as ckpt
 from .config import TrainConfig, save_yaml
 from .data import jpeg_fraction, open_pipeline, open_split, open_val_split
 from .device import (ThreadPlan, apply_torch_threads, available_cores, choose_channels_last,
-                     choose_compile, choose_device, choose_precision, make_grad_scaler,
-                     plan_threads)
+                     choose_compile, choose_compile_mode, choose_device, choose_precision,
+                     describe_gpu, make_grad_scaler, plan_threads)
 from .distributed import (DistEnv, broadcast_object, convert_sync_batchnorm,
                           init_process_group, wrap_model)
 from .ema import ModelEMA
 from .errors import TrainError
 from .host_memory import keep_freed_memory
 from .loop import StepEngine
-from .models import Classifier, build_model
-from .report import CURVES_NAME, METRICS_NAME, SUMMARY_NAME
+from .models import Classifier, build_model, deterministic_global_pools
 from .resolve import default_run_dir, resolve_data_settings, resolve_schedule
 from .schedule import build_optimizer, build_scheduler
 
@@ -83,10 +84,15 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     for key, reason in resolved.reasons.items():
         decide(key, getattr(config, key), reason)
 
-    precision_choice = choose_precision(config.precision, device)
+    gpu = describe_gpu(device)  # None on the CPU; the CUDA reasons name the GPU
+    precision_choice = choose_precision(config.precision, device, gpu)
     precision = decide("precision", precision_choice.value, precision_choice.reason)
-    compile_choice = choose_compile(config.compile, device)
+    compile_choice = choose_compile(config.compile, device, gpu)
     compiled = decide("compile", compile_choice.value, compile_choice.reason)
+    compile_mode = None
+    if compiled:
+        mode_choice = choose_compile_mode(device, gpu)
+        compile_mode = decide("compile_mode", mode_choice.value, mode_choice.reason)
     cl_choice = choose_channels_last(config.channels_last, spec.conv)
     channels_last = decide("channels_last", cl_choice.value, cl_choice.reason)
 
@@ -102,7 +108,7 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     cleanup.callback(train_pipeline.close)
     decide("pipeline", pipeline_name, why)
     if config.threads is None:
-        threads = threads_after_pipeline(threads, train_pipeline)
+        threads = threads_after_pipeline(threads, train_pipeline, device.type)
     decide("threads", f"{threads.workers} pipeline workers + {threads.torch_threads} torch "
            f"threads on {threads.cores} cores", threads.reason)
     apply_torch_threads(threads.torch_threads)
@@ -133,6 +139,11 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     _set_determinism(config, device)
     ckpt.seed_everything(config.seed)
     model = build_model(spec, train_data.num_classes, train_data.mean, train_data.std)
+    if config.deterministic and device.type == "cuda":
+        swapped = deterministic_global_pools(model)
+        if swapped:
+            decide("global_pools", f"{swapped} made deterministic", "--deterministic on CUDA: "
+                   "adaptive pools have no deterministic backward there; same values")
     if resume_state is None:
         _data_init(model, train_pipeline, config)
     model.to(device, memory_format=torch.channels_last if channels_last else
@@ -142,7 +153,7 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
         decide("sync_bn", env.enabled, why)
     train_model: nn.Module = model
     if compiled:
-        train_model = torch.compile(train_model)
+        train_model = torch.compile(train_model, mode=compile_mode)
     train_model = wrap_model(train_model, env, device)
     # After DDP's broadcast of rank 0's weights: a data-dependent init (data_init) differs
     # across ranks, and every rank's EMA must start from the same weights.
@@ -170,33 +181,104 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     return run
 
 
-def threads_after_pipeline(plan: ThreadPlan, pipeline) -> ThreadPlan:
+def threads_after_pipeline(plan: ThreadPlan, pipeline, device_type: str = "cpu") -> ThreadPlan:
     """A pipeline that loads in the training process (resident: uint8 already on the device)
     reports `cpu_workers = 0`; its cores then go to torch."""
     used = getattr(pipeline, "cpu_workers", None)
     if used is None or used >= plan.workers:
         return plan
     threads = max(1, plan.cores - used)
+    if device_type == "cuda":
+        name = getattr(pipeline, "name", "")
+        return ThreadPlan(plan.cores, used, threads,
+                          f"CUDA: the {name} pipeline uses {used} CPU worker(s) (its batches "
+                          f"are made on the GPU), so torch keeps all {threads} cores; they "
+                          "only launch kernels")
     return ThreadPlan(plan.cores, used, threads,
                       f"the pipeline uses {used} worker(s): torch gets the other cores")
 
 
 def _prepare_run_dir(config: TrainConfig, env: DistEnv) -> Path:
-    run_dir = Path(broadcast_object(config.out or default_run_dir(config), env))
-    has_checkpoint = ckpt.checkpoint_path(run_dir).is_file()
-    if config.resume:
-        if not has_checkpoint:
-            raise TrainError(f"--resume: no checkpoint in {run_dir} to continue from")
-        return run_dir
-    if has_checkpoint:
-        raise TrainError(f"{run_dir} already holds a run (checkpoint.pt); pass --resume to "
-                         "continue it, or choose another --out")
+    """The run folder, created. Rank 0 alone decides (it creates the folder) and every rank gets
+    its answer, the folder or the one-line refusal, so all use the same folder or fail alike."""
+    outcome: tuple[str, str] = ("error", "")
     if env.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for name in (METRICS_NAME, SUMMARY_NAME, CURVES_NAME):
-            (run_dir / name).unlink(missing_ok=True)
-        shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+        try:
+            outcome = ("folder", str(_choose_run_dir(config)))
+        except TrainError as exc:
+            outcome = ("error", str(exc))
+    kind, value = broadcast_object(outcome, env)
+    if kind == "error":
+        raise TrainError(value)
+    return Path(value)
+
+
+def _choose_run_dir(config: TrainConfig) -> Path:
+    """Nothing is ever deleted: a new run takes a missing or empty folder (the automatic name
+    gets -2, -3, ... when taken), --resume continues the run in --out."""
+    if not config.out:
+        return _create_numbered(Path(default_run_dir(config)))
+    run_dir = Path(config.out)
+    if config.resume:
+        if not os.path.lexists(ckpt.checkpoint_path(run_dir)):  # load_checkpoint checks it
+            raise TrainError(f"--resume: no checkpoint in {run_dir} to continue from")
+        _refuse_links_out_of(run_dir)
+        return run_dir
+    if run_dir.is_dir():
+        try:
+            names = sorted(os.listdir(run_dir))
+        except OSError as exc:
+            raise TrainError(f"--out {run_dir}: cannot list it ({exc.strerror})") from None
+        if names:
+            raise TrainError(f"--out {run_dir} is not empty (holds {_some_names(run_dir, names)})"
+                             "; pass --resume to continue the run in it, or choose another --out")
+        return run_dir
+    try:
+        run_dir.mkdir(parents=True)
+    except FileExistsError:
+        raise TrainError(f"--out {run_dir} exists and is not a folder; choose another "
+                         "--out") from None
+    except OSError as exc:
+        raise TrainError(f"--out {run_dir}: cannot create it ({exc.strerror})") from None
     return run_dir
+
+
+def _create_numbered(base: Path, attempts: int = 1000) -> Path:
+    """base, or base-2, base-3, ...: the first that did not exist. mkdir is atomic, so of two
+    runs started in the same second (the name has a 1 s resolution), each gets its own."""
+    for n in range(1, attempts + 1):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise TrainError(f"cannot create the run folder {path} ({exc.strerror}); choose "
+                             "one with --out") from None
+        return path
+    raise TrainError(f"{base} and {attempts - 1} numbered variants already exist; choose a "
+                     "run folder with --out")
+
+
+def _some_names(folder: Path, names: list[str], shown: int = 3) -> str:
+    listed = [printable(name) + ("/" if (folder / name).is_dir() else "")
+              for name in names[:shown]]
+    return ", ".join(listed + (["..."] if len(names) > shown else []))
+
+
+def _refuse_links_out_of(run_dir: Path) -> None:
+    """--resume writes into a folder it did not necessarily create: a symlink there (say
+    metrics.jsonl -> ~/.bashrc) would make it write outside the folder, so none may lead out."""
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError as exc:
+        raise TrainError(f"--resume: cannot list {run_dir} ({exc.strerror})") from None
+    for name in names:
+        path = run_dir / name
+        if path.is_symlink() and not is_inside(path, run_dir):
+            raise TrainError(f"--resume: {run_dir / printable(name)} is a symlink to "
+                             f"{printable(os.path.realpath(path))}, outside the run folder; "
+                             "refusing to write through it")
 
 
 def _check_same_world_size(state: dict, env: DistEnv, run_dir: Path) -> None:
@@ -236,19 +318,56 @@ def _data_init(model: Classifier, pipeline, config: TrainConfig) -> None:
 
 
 def restore_modules(run: Run, state: dict) -> None:
-    """Model, optimizer, scheduler, scaler and EMA as they were at the checkpoint."""
+    """Model, optimizer, scheduler, scaler and EMA as they were at the checkpoint; a state that
+    does not fit them is one TrainError line."""
     try:
         run.model.load_state_dict(state["model"])
     except RuntimeError as exc:
         raise TrainError(f"--resume: the checkpoint does not fit model {run.config.model} "
                          f"({str(exc).splitlines()[0]})") from None
     engine = run.engine
-    engine.optimizer.load_state_dict(state["optimizer"])
-    scheduler_state = dict(state["scheduler"])
-    # The schedule's shape comes from the current settings (a resumed run may add epochs);
-    # only its position comes from the checkpoint.
-    scheduler_state["lr_lambdas"] = [None] * len(engine.scheduler.lr_lambdas)
-    engine.scheduler.load_state_dict(scheduler_state)
-    engine.scaler.load_state_dict(state["scaler"])
-    if run.ema is not None and state.get("ema") is not None:
-        run.ema.load_state_dict(state["ema"])
+    try:
+        engine.optimizer.load_state_dict(state["optimizer"])
+        _check_optimizer_state(engine.optimizer)
+        # The schedule's shape comes from the current settings (a resumed run may add epochs);
+        # only its position comes from the checkpoint.
+        live = engine.scheduler.state_dict()
+        scheduler_state = _like(state["scheduler"], live, "scheduler")
+        scheduler_state["lr_lambdas"] = [None] * len(engine.scheduler.lr_lambdas)
+        engine.scheduler.load_state_dict(scheduler_state)
+        engine.scaler.load_state_dict(state["scaler"])
+        if run.ema is not None and state.get("ema") is not None:
+            run.ema.load_state_dict(state["ema"])
+    except ckpt.RESTORE_ERRORS as exc:
+        raise ckpt.damaged(ckpt.checkpoint_path(run.run_dir), exc) from None
+
+
+def _check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """load_state_dict takes any tensors; one of another shape would fail at the first step."""
+    for param, values in optimizer.state.items():
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
+                raise ValueError(f"optimizer {name} of shape {tuple(value.shape)} for a "
+                                 f"parameter of shape {tuple(param.shape)}")
+
+
+def _like(saved: dict, live: dict, what: str) -> dict:
+    """saved's entries that `live` (a fresh state_dict) also has, each checked to be of the same
+    kind: a scheduler's load_state_dict copies whatever it is given onto the object."""
+    kept = {}
+    for key, value in live.items():
+        if key in saved:  # one missing (from an older torch) keeps its fresh value
+            if not _same_kind(saved[key], value):
+                raise TypeError(f"{what} {key!r} is {saved[key]!r:.60}")
+            kept[key] = saved[key]
+    return kept
+
+
+def _same_kind(saved, live) -> bool:
+    number = (int, float)
+    if isinstance(live, number):
+        return isinstance(saved, number)
+    if isinstance(live, list):
+        return (isinstance(saved, list) and len(saved) == len(live)
+                and all(_same_kind(a, b) for a, b in zip(saved, live)))
+    return isinstance(saved, type(live))

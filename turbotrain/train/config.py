@@ -22,6 +22,8 @@ import yaml
 from .errors import TrainError
 
 AUTO = "auto"
+# A config file is a few hundred bytes; a cap keeps a huge or endless one from being read whole.
+MAX_CONFIG_BYTES = 16 << 20
 
 # Argument groups in the order `--help` shows them.
 GROUPS = {
@@ -115,7 +117,10 @@ class TrainConfig:
                                  "all-reduce, barrier) before the job fails with an error; "
                                  "raise it for very slow checkpoint storage", "dist")
     # -- run folder, checkpoints and logging
-    out: str | None = _setting(None, "run folder; auto: runs/<dataset>-<model>-<time>", "run")
+    out: str | None = _setting(None, "run folder; a new run needs it missing or empty, as train "
+                               "deletes nothing it did not write (--resume continues the run in "
+                               "it); auto: runs/<dataset>-<model>-<time>, with -2, -3, ... added "
+                               "when taken", "run")
     resume: bool = _setting(False, "continue the run in --out from its last checkpoint", "run",
                             saved=False)
     checkpoint_every: int = _setting(500, "checkpoint every N optimizer steps (0: only at epoch "
@@ -211,9 +216,13 @@ def parse_value(name: str, raw):
 
 def load_yaml(path: str | os.PathLike) -> dict:
     """The settings in a YAML file, validated; keys may be written `batch-size` or `batch_size`."""
+    from turbotrain.datasets.untrusted import UnsafeInput, read_regular
     path = Path(path)
     try:
-        loaded = yaml.safe_load(path.read_text())
+        # A regular file only (a named pipe would block the read forever), capped.
+        loaded = yaml.safe_load(read_regular(path, MAX_CONFIG_BYTES))
+    except UnsafeInput as exc:
+        raise TrainError(f"config {path} {exc}") from None
     except OSError as exc:
         raise TrainError(f"cannot read config {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
@@ -226,16 +235,29 @@ def load_yaml(path: str | os.PathLike) -> dict:
     for key, raw in loaded.items():
         name = str(key).replace("-", "_")
         if name not in FIELDS:
-            raise TrainError(f"config {path}: unknown setting {key!r}; choose from: "
+            raise TrainError(f"config {path}: unknown setting {str(key)[:80]!r}; choose from: "
                              f"{', '.join(n.replace('_', '-') for n in FIELDS)}")
+        if not isinstance(raw, (str, int, float, bool, type(None))):
+            # Never str() a list or mapping: YAML aliases nest them into billions of items.
+            raise TrainError(f"config {path}: {key} must be a single value, not a "
+                             f"{type(raw).__name__}")
         settings[name] = parse_value(name, raw)
     return settings
 
 
 def save_yaml(config: TrainConfig, path: str | os.PathLike) -> None:
-    """Writes the run's settings as YAML readable by `--config`; auto values must be resolved."""
+    """Writes the run's settings as YAML readable by `--config`; auto values must be resolved.
+    Written beside and renamed over `path`: a symlink there is replaced, not written through."""
     data = {name.replace("_", "-"): value for name, value in config.to_saved_dict().items()}
-    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.unlink(missing_ok=True)
+        with open(tmp, "x") as f:
+            f.write(yaml.safe_dump(data, sort_keys=False))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------- argparse
@@ -293,7 +315,7 @@ def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
         if not requested.get("out"):
             raise TrainError("--resume needs --out RUNDIR (the run to continue)")
         saved_path = Path(requested["out"]) / "config.yaml"
-        if not saved_path.is_file():
+        if not os.path.lexists(saved_path):  # anything else there: load_yaml says what it is
             raise TrainError(f"--resume: no run to continue in {requested['out']} "
                              "(no config.yaml there)")
         saved = load_yaml(saved_path)

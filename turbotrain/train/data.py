@@ -8,6 +8,9 @@ import numpy as np
 from turbotrain.pipeline import Pipeline, build_auto, build_pipeline
 
 SMALL_IMAGE_PX = 64  # at or below this, images train at their native size
+# Fewer training images than this: photos train at 64 px on CUDA too, where `--model auto`
+# picks the airbench net (measured on 2,000 photos: models.auto_model's comment).
+SMALL_SET = 10_000
 
 
 def open_split(path: str, split: str):
@@ -47,7 +50,11 @@ def auto_image_size(dataset, device_type: str) -> tuple[int, str]:
         # would only multiply the FLOPs.
         return side, f"native size of the {side} px images"
     if device_type == "cuda":
-        return 224, "224 px on CUDA, the standard ImageNet training size"
+        if len(dataset) < SMALL_SET:
+            return 64, (f"{len(dataset):,} train images (< {SMALL_SET:,}) on CUDA: a small set "
+                        "learns best small, like a CPU run (64 px: the airbench net)")
+        return 224, (f"224 px on CUDA for {len(dataset):,} train images, the standard ImageNet "
+                     "training size")
     # A CPU run is a short run: what matters is accuracy per CPU-minute. On the demo's photos
     # (3,000 images of 256 px, 2-core dev box) ResNet-18 at 128 px reached 29 % val accuracy
     # after 230 steps; at 64 px `--model auto` picks the airbench net, which reached 83 % after

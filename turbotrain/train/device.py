@@ -21,6 +21,36 @@ class Decision:
     reason: str
 
 
+@dataclass(frozen=True)
+class GpuInfo:
+    """What the CUDA decisions depend on; tests pass one for a GPU they do not have."""
+    name: str
+    capability: tuple[int, int]
+    memory_bytes: int
+
+    def __str__(self) -> str:
+        major, minor = self.capability
+        return (f"{self.name}, compute capability {major}.{minor}, "
+                f"{self.memory_bytes / 2**30:.0f} GiB")
+
+
+def describe_gpu(device: torch.device) -> GpuInfo | None:
+    """The GPU behind `device` (None for a CPU device)."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return GpuInfo(props.name, (props.major, props.minor), int(props.total_memory))
+
+
+# torch.compile's mode on CUDA. "default": Inductor's fused Triton kernels, one launch each.
+# "reduce-overhead" adds CUDA graphs (a step's launches replayed as one), which removes the
+# host's launch time but costs memory, a graph per input shape and a re-record after any
+# change; "max-autotune-no-cudagraphs" benchmarks kernel variants at compile time (minutes for
+# ResNet-50). Not measured on a GPU yet: `python bench/gpu_check.py --all` times all three
+# side by side, and its numbers decide whether this default changes.
+COMPILE_MODE = "default"
+
+
 def choose_device(requested: str, local_rank: int = 0) -> Decision:
     cuda = torch.cuda.is_available()
     if requested == "cuda" and not cuda:
@@ -49,30 +79,47 @@ def cpu_has_native_bf16() -> bool:
                 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def choose_precision(requested: str, device: torch.device) -> Decision:
+def choose_precision(requested: str, device: torch.device,
+                     gpu: GpuInfo | None = None) -> Decision:
     if requested != "auto":
         if requested == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise TrainError("--precision bf16: this GPU has no bf16 support; use fp16 or auto")
         return Decision(requested, "asked for")
     if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
+        gpu = gpu or describe_gpu(device)
+        major, minor = gpu.capability
         if major >= 8:
-            return Decision("bf16", f"compute capability {major}.{minor} >= 8.0 has bf16 "
-                            "tensor cores; bf16 needs no loss scaling")
-        return Decision("fp16", f"compute capability {major}.{minor} < 8.0: fp16 tensor cores "
-                        "with a GradScaler")
+            return Decision("bf16", f"{gpu.name}: compute capability {major}.{minor} >= 8.0 has "
+                            "bf16 tensor cores; bf16 needs no loss scaling")
+        return Decision("fp16", f"{gpu.name}: compute capability {major}.{minor} < 8.0: fp16 "
+                        "tensor cores with a GradScaler")
     if cpu_has_native_bf16():
         return Decision("bf16", "CPU has native bf16 (avx512_bf16/amx): measured 1.5-2.3x "
                         "faster steps than fp32 on the dev box")
     return Decision("fp32", "CPU has no native bf16; emulated bf16 is not faster")
 
 
-def choose_compile(requested: bool | None, device: torch.device) -> Decision:
+def choose_compile(requested: bool | None, device: torch.device,
+                   gpu: GpuInfo | None = None) -> Decision:
     if requested is not None:
         return Decision(requested, "asked for")
     if device.type == "cuda":
-        return Decision(True, "CUDA: fused kernels; the warm-up is kept out of images/s")
+        on = f" ({gpu.name})" if gpu else ""
+        return Decision(True, f"CUDA{on}: Inductor fuses the elementwise work around each "
+                        "convolution/matmul into one kernel: fewer launches and less memory "
+                        "traffic per step; the compile warm-up is kept out of images/s")
     return Decision(False, "CPU: measured no speedup and a 35-60 s compile")
+
+
+def choose_compile_mode(device: torch.device, gpu: GpuInfo | None = None) -> Decision:
+    """torch.compile's `mode` for a compiled run (see COMPILE_MODE)."""
+    if device.type != "cuda":
+        return Decision(COMPILE_MODE, "CPU: CUDA graphs do not apply")
+    on = f" on {gpu.name}" if gpu else ""
+    return Decision(COMPILE_MODE, f"CUDA{on}: fused kernels without CUDA graphs; "
+                    "'reduce-overhead' (CUDA graphs) and 'max-autotune-no-cudagraphs' are "
+                    "timed against it by bench/gpu_check.py --all before either becomes the "
+                    "default")
 
 
 def choose_channels_last(requested: bool | None, is_conv_net: bool) -> Decision:
@@ -136,7 +183,8 @@ def plan_threads(device: torch.device, *, cores: int, workers: int | None,
         if threads is None:
             threads = max(1, cores - workers)
         return ThreadPlan(cores, workers, threads,
-                          "CUDA: the loader gets the cores, torch keeps the rest for launches")
+                          f"CUDA: the model runs on the GPU, so {workers} of {cores} cores decode "
+                          f"for it and {threads} torch thread(s) only launch its kernels")
     if workers is None and threads is None:
         share = 0.5 if jpeg_fraction > 0.1 else 0.25
         workers = max(1, round(cores * share)) if cores > 1 else 0

@@ -145,16 +145,20 @@ def pipelines(device, dataset=None) -> dict[str, str]:
 
 def train_picks(data: str | None = None) -> tuple[dict[str, str], object, object]:
     """What `train` would decide here: name -> "value: reason"; also the device and dataset."""
-    from .device import (available_cores, choose_compile, choose_device, choose_precision,
-                         plan_threads)
+    from .device import (available_cores, choose_compile, choose_compile_mode, choose_device,
+                         choose_precision, describe_gpu, plan_threads)
     picks = {}
     device_choice = choose_device("auto")
     device = device_choice.value
     picks["device"] = f"{device}: {device_choice.reason}"
-    precision = choose_precision("auto", device)
+    gpu = describe_gpu(device)
+    precision = choose_precision("auto", device, gpu)
     picks["precision"] = f"{precision.value}: {precision.reason}"
-    compile_choice = choose_compile(None, device)
+    compile_choice = choose_compile(None, device, gpu)
     picks["compile"] = f"{'on' if compile_choice.value else 'off'}: {compile_choice.reason}"
+    if compile_choice.value:
+        mode = choose_compile_mode(device, gpu)
+        picks["compile mode"] = f"{mode.value}: {mode.reason}"
     cores = available_cores()
     for label, jpeg in (("threads, JPEG data", 1.0), ("threads, raw data", 0.0)):
         plan = plan_threads(device, cores=cores, workers=None, threads=None, jpeg_fraction=jpeg)
@@ -169,8 +173,9 @@ def train_picks(data: str | None = None) -> tuple[dict[str, str], object, object
         dataset = open_split(data, "train")
         size, why = auto_image_size(dataset, device.type)
         picks["image size"] = f"{size}: {why}"
-        picks["model"] = ": ".join(auto_model(size, device.type))
-        batch, why = auto_batch_size(size, device.type)
+        picks["model"] = ": ".join(auto_model(size, device.type, len(dataset)))
+        from .config import TrainConfig
+        batch, why = auto_batch_size(size, device.type, len(dataset), TrainConfig.epochs)
         picks["batch size"] = f"{batch}: {why} (lowered at start if it does not fit)"
         name, why = choose_pipeline(dataset, PipelineOptions(train=True, batch_size=batch,
                                                              image_size=size, device=device))

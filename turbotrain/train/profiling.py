@@ -8,9 +8,12 @@
   CUDA events per micro-batch, recorded when the batch arrives and when its work is queued,
   are read after the trainer's synchronize at each log point: event start -> end is the GPU's
   compute span, the previous end -> this start is how long the GPU sat idle waiting for the
-  batch. The first step of each window also runs to completion (one extra synchronize per log
-  window): host launch time / GPU span of that step says whether the GPU waits for Python
-  (a ratio near 1: the GPU finished right after the last launch) or the host waits for the GPU.
+  batch. Nothing here synchronises: the only syncs are the trainer's, one per log window.
+  The probe: a window's first step starts on an idle GPU (the log point synchronised it), so
+  its GPU span (events) is the longer of its GPU work and the host's launching; host launch
+  time / that span says whether the GPU waits for Python (a ratio near 1: the GPU finished
+  right after the last launch) or the host waits for the GPU. (It used to synchronise after
+  that step to time the same span on the host clock: a second sync in every window.)
 
 `TraceWindow` records a few steps after warm-up with `torch.profiler`: RUNDIR/trace.json
 (chrome://tracing or ui.perfetto.dev) and RUNDIR/profile.txt (top operators by self time).
@@ -77,12 +80,10 @@ class StepClock:
         self._done: list = []  # CPU: StepTime; CUDA: (step, [_Micro])
         self._micros: list[_Micro] = []
         self._wait = self._compute = 0.0  # host seconds of the step so far
-        self._step_later_waits = 0.0  # waits after the step's first micro-batch
-        self._in_step = False  # a micro-batch of the current optimizer step has arrived
-        self._arrived = self._step_arrived = self.window_start
+        self._arrived = self.window_start
         self._next_idle = True
         self._used_events = 0
-        self._probe: float | None = None
+        self._probe_host: float | None = None  # host seconds launching the first step
 
     def _event(self):
         if self._used_events == len(self._events):
@@ -98,11 +99,6 @@ class StepClock:
         yield  # StopIteration from next() propagates, and nothing is recorded
         self._arrived = time.perf_counter()
         wait = self._arrived - start
-        if self._in_step:
-            self._step_later_waits += wait
-        else:
-            self._step_arrived = self._arrived
-            self._in_step = True
         self._wait += wait
         if self.cuda:
             self._micros.append(_Micro(wait, self._next_idle, start=self._event()))
@@ -118,14 +114,10 @@ class StepClock:
             self._done.append(StepTime(step, self._wait, self._compute))
         else:
             self._done.append((step, self._micros))
-            if len(self._done) == 1:  # probe: run the window's first step to completion
-                torch.cuda.synchronize()
-                span = time.perf_counter() - self._step_arrived - self._step_later_waits
-                self._probe = min(1.0, self._compute / span) if span > 0 else None
-                self._next_idle = True
+            if len(self._done) == 1:  # the probe's host side; its GPU side is in the events
+                self._probe_host = self._compute
             self._micros = []
-        self._wait = self._compute = self._step_later_waits = 0.0
-        self._in_step = False
+        self._wait = self._compute = 0.0
 
     @contextlib.contextmanager
     def untimed(self):
@@ -142,7 +134,11 @@ class StepClock:
         if not self.cuda:
             times = WindowTimes(seconds, list(self._done))
         else:
-            times = WindowTimes(seconds, self._device_steps(), self._probe)
+            steps = self._device_steps()
+            probe = None
+            if steps and self._probe_host is not None and steps[0].compute > 0:
+                probe = min(1.0, self._probe_host / steps[0].compute)
+            times = WindowTimes(seconds, steps, probe)
         self.reset()
         return times
 

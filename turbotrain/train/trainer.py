@@ -59,6 +59,24 @@ class Counters:
     val: dict | None = None  # the latest evaluation
 
 
+def _saved_counters(saved: dict) -> Counters:
+    """Counters from a checkpoint, each of its field's type (ints not negative): the loop
+    would otherwise fail on a wrong one steps later, far from the cause."""
+    counters = Counters(**saved)
+    for f in dataclasses.fields(Counters):
+        value = getattr(counters, f.name)
+        if f.name == "val":  # the last evaluation's numbers, printed at the end
+            if value is not None and not (isinstance(value, dict) and all(
+                    type(v) in (int, float) for v in value.values())):
+                raise TypeError(f"counter 'val' is {value!r:.60}")
+        elif isinstance(f.default, int):
+            if type(value) is not int or (value < 0 and f.default >= 0):
+                raise ValueError(f"counter {f.name!r} is {value!r}")
+        elif type(value) not in (int, float):
+            raise TypeError(f"counter {f.name!r} is {value!r}")
+    return counters
+
+
 class Trainer:
     def __init__(self, run: Run, started: float | None = None):
         self.run = run
@@ -313,14 +331,25 @@ class Trainer:
 
     def _restore(self, state: dict) -> None:
         """Counters, RNG, loss window and pipeline position (the modules were restored when the
-        run was built); metrics logged after the checkpoint are dropped."""
-        self.counters = Counters(**state["counters"])
-        self.counters.last_checkpoint_step = self.counters.step
-        self.loss_window = state["loss_window"].to(self.run.device)
-        ckpt.restore_rng(state["rng"])
-        pipeline_state = state["pipeline"]
-        if self.counters.micro_in_epoch > 0:
-            self.pipeline_state = pipeline_state
+        run was built); metrics logged after the checkpoint are dropped. A state that does not
+        fit is one TrainError line (checkpoint.damaged)."""
+        try:
+            self.counters = _saved_counters(state["counters"])
+            self.counters.last_checkpoint_step = self.counters.step
+            loss_window = state["loss_window"]
+            if loss_window.dim() != 0 or not loss_window.is_floating_point():
+                raise ValueError(f"loss_window of shape {tuple(loss_window.shape)} and type "
+                                 f"{loss_window.dtype}, not a float scalar")
+            self.loss_window = loss_window.to(self.run.device)
+            ckpt.restore_rng(state["rng"])
+            pipeline_state = state["pipeline"]
+            if self.counters.micro_in_epoch > 0:
+                # Loaded now so that a damaged position fails here; _train_epoch loads it again
+                # after set_epoch.
+                self.run.train_pipeline.load_state_dict(pipeline_state)
+                self.pipeline_state = pipeline_state
+        except ckpt.RESTORE_ERRORS as exc:
+            raise ckpt.damaged(ckpt.checkpoint_path(self.run.run_dir), exc) from None
         self.metrics.truncate_after(self.counters.step, self.counters.epoch)
 
     # ------------------------------------------------------------------ the end

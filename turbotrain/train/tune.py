@@ -4,6 +4,10 @@
                     [--global-batch-size G] [--pipeline P ...] [--workers W ...]
                     [--budget-seconds 90] [--json]
 
+--budget-seconds bounds steps 2 and 3; step 1 comes first and is not counted (on a GPU it is
+CUDA start-up, cuDNN autotuning and a few trial steps: seconds that a short budget would
+otherwise spend before the first pipeline is measured).
+
 1. The largest micro-batch that fits (batch_finder: real steps with OOM recovery on CUDA, an
    activation-memory estimate on CPU); with --global-batch-size, the largest divisor of it that
    fits, and the accumulation that makes up the rest.
@@ -83,13 +87,13 @@ class Sweep:
         from .device import (available_cores, choose_channels_last, choose_device,
                              choose_precision)
         from .models import auto_model, get_model_spec
-        self.started = time.perf_counter()
+        self.started = self.sweep_started = time.perf_counter()
         self.budget = max(1.0, args.budget_seconds)
         self.dataset = open_split(args.data, "train")
         self.device = choose_device(args.device).value
         self.image_size = args.image_size or auto_image_size(self.dataset, self.device.type)[0]
-        model = args.model if args.model != "auto" else auto_model(self.image_size,
-                                                                   self.device.type)[0]
+        model = args.model if args.model != "auto" else auto_model(
+            self.image_size, self.device.type, len(self.dataset))[0]
         self.spec = get_model_spec(model)
         self.precision = choose_precision(args.precision, self.device).value
         self.channels_last = choose_channels_last(None, self.spec.conv).value
@@ -100,7 +104,7 @@ class Sweep:
         self.torch_threads_before = torch.get_num_threads()
 
     def seconds_left(self) -> float:
-        return self.budget - (time.perf_counter() - self.started)
+        return self.budget - (time.perf_counter() - self.sweep_started)
 
     def build_model(self):
         from .models import build_model
@@ -125,7 +129,9 @@ class Sweep:
             micro = divisor_at_most(target, fit.batch_size)
             accum = target // micro
         else:
-            preferred, _ = auto_batch_size(self.image_size, self.device.type)
+            from .config import TrainConfig
+            preferred, _ = auto_batch_size(self.image_size, self.device.type, len(self.dataset),
+                                           TrainConfig.epochs)
             micro, accum = min(fit.batch_size, preferred), 1
         return {"largest_fitting": fit.batch_size, "search_limit": fit.limit, "how": fit.how,
                 "batch_size": micro, "accum_steps": accum}
@@ -212,6 +218,7 @@ class Sweep:
         from turbotrain.pipeline import PipelineError, pipeline_names
         from .schedule import build_optimizer
         plan = self.batch_plan()
+        self.sweep_started = time.perf_counter()  # the budget is the sweep's (module docstring)
         batch = plan["batch_size"]  # at most the split: the search limit is
         names = self.args.pipeline or pipeline_names()
         counts = self.args.workers or worker_counts(self.cores, self.device.type)

@@ -1,0 +1,90 @@
+"""Where prepare-dataset writes: OUT is checked before any work, built in a hidden sibling
+folder, and renamed into place at the end.
+
+prepare-dataset deletes nothing it did not make. `--overwrite` replaces OUT only when OUT is a
+dataset that prepare-dataset made (a folder holding `dataset.json` and nothing but the files it
+writes), and never when OUT and SOURCE overlap: `prepare-dataset X X --overwrite` used to delete
+the source images.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from .dataset import DATASET_JSON, SPLITS, split_filename
+
+
+class OutputFolderError(ValueError):
+    """OUT cannot be written as asked; the message is one line saying what to do."""
+
+
+# Everything prepare-dataset writes into OUT.
+WRITTEN_NAMES = frozenset({DATASET_JSON, "skipped.txt", *(split_filename(s) for s in SPLITS)})
+
+
+def check_output(out: Path, source: Path, overwrite: bool) -> None:
+    """Refuses an OUT that overlaps SOURCE, or that exists and is not ours to replace."""
+    real_out, real_source = os.path.realpath(out), os.path.realpath(source)
+    if real_out == real_source:
+        raise OutputFolderError(f"OUT {out} is SOURCE itself; choose another OUT")
+    if _under(real_out, real_source):
+        raise OutputFolderError(f"OUT {out} is inside SOURCE {source}; choose an OUT outside "
+                                f"the source data")
+    if _under(real_source, real_out):
+        raise OutputFolderError(f"OUT {out} contains SOURCE {source}; choose an OUT that does "
+                                f"not hold the source data")
+    if not os.path.lexists(out):
+        return
+    if not overwrite:
+        raise OutputFolderError(f"{out} already exists; pass --overwrite to replace it")
+    check_replaceable(out)
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuses to replace an OUT that prepare-dataset did not make, or that holds anything
+    else; run again just before the replacement, in case files were added meanwhile."""
+    if os.path.islink(out) or not out.is_dir():
+        raise OutputFolderError(f"{out} is not a dataset folder (a file or a link); --overwrite "
+                                f"replaces only a folder that prepare-dataset made")
+    if not (out / DATASET_JSON).is_file():
+        raise OutputFolderError(f"{out} has no {DATASET_JSON}, so prepare-dataset did not make "
+                                f"it; --overwrite replaces only a prepared dataset: choose "
+                                f"another OUT")
+    foreign = sorted(name for name in os.listdir(out) if name not in WRITTEN_NAMES)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise OutputFolderError(f"{out} holds files prepare-dataset did not write ({shown}); "
+                                f"move them out, or choose another OUT")
+
+
+def _under(path: str, folder: str) -> bool:
+    return path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def partial_dir(out: Path) -> Path:
+    return out.parent / f".{out.name}.partial-{os.getpid()}"
+
+
+def remove_stale_partials(out: Path) -> None:
+    """Removes the hidden folders that runs killed with SIGKILL left behind (named after OUT
+    and a process that no longer exists)."""
+    prefix = f".{out.name}.partial-"
+    for entry in os.scandir(out.parent):
+        pid = entry.name[len(prefix):]
+        if entry.name.startswith(prefix) and pid.isdigit() and not Path(f"/proc/{pid}").exists() \
+                and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def install(partial: Path, out: Path) -> None:
+    """Moves the finished dataset into place; an old OUT (checked by check_output) is only
+    removed after that succeeds."""
+    if os.path.lexists(out):
+        check_replaceable(out)
+        trash = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(trash)
+        partial.rename(out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        partial.rename(out)
