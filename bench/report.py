@@ -278,6 +278,39 @@ def render_ddp(data: dict, where: Where) -> Body:
     return body
 
 
+def render_predict(data: dict, where: Where) -> Body:
+    results = data.get("results", {})
+    body = Body([f"`turbotrain predict` on a folder of {data.get('images')} JPEGs "
+                 f"{data.get('size')} against the eval pipeline (`pytorch`, train=False) on "
+                 f"the dataset `prepare-dataset` made of the same files: batch "
+                 f"{data.get('batch_size')}, {data.get('workers')} input threads, best of "
+                 f"{data.get('rounds')} interleaved rounds. *Input*: predict's batch source "
+                 "(read, store as prepare would, decode and crop with the pipeline's decoder) "
+                 "against the pipeline alone; *command*: the whole `predict` and `eval` "
+                 "commands with the same model (airbench, random weights), each one's own "
+                 "images/s.\n"])
+    rows = [[f"input, {size} px", rate(r.get("predict")), rate(r.get("eval_pipeline")),
+             times(r.get("ratio"))] for size, r in results.get("input", {}).items()]
+    command = results.get("command") or {}
+    if command:
+        rows.append(["command, 64 px", rate(command.get("predict")), rate(command.get("eval")),
+                     times(command.get("ratio"))])
+    body.lines += md_table(["what", "predict (images/s)", "eval (images/s)", "ratio"], rows)
+    loads = [[f"`{model}`", f"{r['load_seconds']:.2f}", f"{r['bytes'] / 1e6:.0f} MB",
+              f"{r['process_seconds']:.1f}"] for model, r in data.get("load", {}).items()]
+    if loads:
+        body.lines += md_table(["weights", "load (s)", "file", "whole predict of one image (s)"],
+                               loads)
+    for g in data.get("goals", []):
+        if "ratio" in g:
+            body.goals.append(Goal("predict", g["what"], f">= {g['goal']}x",
+                                   times(g.get("ratio")) or "-", g.get("met")))
+        else:
+            body.goals.append(Goal("predict", g["what"], f"< {g['goal_seconds']:g} s",
+                                   f"{g['seconds']:.2f} s", g.get("met")))
+    return body
+
+
 def _ms(value) -> str | None:
     return None if value is None else f"{value:.2f}"
 
@@ -398,6 +431,8 @@ SECTIONS = [
     Section("time_to_accuracy", "Time to 90 % on Fashion-MNIST (issue #5)",
             render_time_to_accuracy),
     Section("ddp", "Several processes (DDP)", render_ddp),
+    Section("predict", "Using a model: predict vs the eval pipeline, and load time",
+            render_predict),
 ]
 
 

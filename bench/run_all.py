@@ -56,6 +56,7 @@ SUITE = [
     Benchmark("train_precision", "bench_train_precision.py"),
     Benchmark("time_to_accuracy", "bench_time_to_accuracy.py"),
     Benchmark("ddp", "bench_ddp.py"),
+    Benchmark("predict", "bench_predict.py"),
     # gpu_check.py's own default output path is bench/results/gpu_check.json; said explicitly.
     Benchmark("gpu_check", "gpu_check.py", ("--json", "bench/results/gpu_check.json"),
               needs_cuda=True),

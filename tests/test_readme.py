@@ -59,6 +59,7 @@ STAND_INS = {
     "/shared/imagenet-prepared": "{prepared}",
     "/shared/runs/r50": "shared/runs/r50",       # "shared storage": a folder in the cwd
     "run.yaml": "{cwd}/run.yaml",                # RUN_YAML, written by the rule's setup
+    "my-photos/": "{source}",                    # predict's folder: the 60 source JPEGs
     "--nproc-per-node 8": "--nproc-per-node 2",  # 2 CPU processes (Gloo) instead of 8 GPUs
     "--nnodes 4": "--nnodes 1",                  # this machine plays every node ...
     "node01:29500": "127.0.0.1:{port}",          # ... and hosts the rendezvous on a free port
@@ -319,6 +320,21 @@ def stopped_run(box: Sandbox) -> None:
     assert code == 0, err
 
 
+def finished_run(name: str) -> Callable[[Sandbox], None]:
+    """A setup putting a finished small run (best.safetensors, final.safetensors, config.yaml)
+    at cwd/NAME, for the README's eval / predict / export / --init-from commands. It is
+    trained once per module, beside the tiny data, and copied."""
+    def setup(box: Sandbox) -> None:
+        import shutil
+        trained = box.prepared.parent / "readme-run"
+        if not (trained / "final.safetensors").is_file():
+            argv = ["train", "--data", str(box.prepared), "--out", str(trained), *TRAIN_SMALL]
+            code, _, err = run_argv(argv, box.cwd)
+            assert code == 0, err
+        shutil.copytree(trained, box.cwd / name)
+    return setup
+
+
 # ----- checks
 
 def readme_backticked_after(phrase: str) -> list[str]:
@@ -432,6 +448,59 @@ def check_torchrun(ran: Ran) -> None:
     assert ran.stdout.count("done: ") == 1, ran.stdout
 
 
+def check_init_from(ran: Ran) -> None:
+    """A run started from another run's weights, which says so in its own weights' card."""
+    check_train(ran)
+    from turbotrain.train.weights import read_weights
+    words = ran.command.text.split()
+    card = read_weights(ran.run_dir() / "best.safetensors")[1]
+    assert card.info.get("started_from") == words[words.index("--init-from") + 1], card.info
+
+
+def dataset_classes(box: Sandbox) -> list[str]:
+    return json.loads((box.prepared / "dataset.json").read_text())["classes"]
+
+
+def check_eval(ran: Ran) -> None:
+    """eval.json (in the run folder, or beside --weights) holds what the README lists, and on
+    the run's own val split top-1 is the run's logged val accuracy."""
+    words = ran.command.text.split()
+    source = Path(words[words.index("--run") + 1] if "--run" in words else
+                  Path(words[words.index("--weights") + 1]).parent)
+    result = json.loads((ran.box.cwd / source / "eval.json").read_text())
+    keys = {"top1", "top5", "loss", "per_class", "confusion", "predictions"}
+    assert keys <= set(result), set(result)
+    assert [c["class"] for c in result["per_class"]] == dataset_classes(ran.box)
+    assert (ran.box.cwd / source / "confusion.png").is_file()
+    if "--run" in words:
+        assert "for these weights: the same" in ran.stdout, ran.stdout
+    if "--batch-size" in words:
+        assert result["batch_size"] == int(words[words.index("--batch-size") + 1])
+
+
+def check_predict(ran: Ran) -> None:
+    """A CSV row per source image: path, then --top-k (class, probability) pairs."""
+    import csv
+    words = ran.command.text.split()
+    k = int(words[words.index("--top-k") + 1])
+    with (ran.box.cwd / words[words.index("--out") + 1]).open(newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["path", "class", "prob"] + [
+        f"{what}_{r}" for r in range(2, k + 1) for what in ("class", "prob")], rows[0]
+    assert len(rows) - 1 == len(list(ran.box.source.rglob("*.jpg")))
+    classes = set(dataset_classes(ran.box))
+    assert all(set(row[1::2]) <= classes for row in rows[1:]), rows[:3]
+
+
+def check_export(ran: Ran) -> None:
+    """The file lands in the run folder and was checked against the model."""
+    words = ran.command.text.split()
+    suffix = {"onnx": "onnx", "torchscript": "torchscript.pt",
+              "safetensors": "safetensors"}[words[words.index("--format") + 1]]
+    assert (ran.box.cwd / words[words.index("--run") + 1] / f"model.{suffix}").is_file()
+    assert re.search(r"largest \|logit difference\| \S+ \(tolerance", ran.stdout), ran.stdout
+
+
 # README command (regex over the whole command, comments dropped) -> how the test runs it. The
 # first rule that matches wins.
 RULES = [
@@ -446,7 +515,15 @@ RULES = [
          check=check_resumed),
     Rule(r"train --data OUT --config run\.yaml .*", setup=write_run_yaml, append=TRAIN_SMALL,
          check=check_train),
+    Rule(r"train --data OUT --out (\S+) --init-from runs/base( .*)?",
+         setup=finished_run("runs/base"), append=TRAIN_SMALL, check=check_init_from),
     Rule(r"train --data OUT( .*)?", append=TRAIN_SMALL, check=check_train),
+    Rule(r"turbotrain eval --(run|weights) runs/ft\S* .*|turbotrain eval --run runs/ft",
+         setup=finished_run("runs/ft"), check=check_eval),
+    Rule(r"turbotrain predict --run runs/ft .*", setup=finished_run("runs/ft"),
+         check=check_predict),
+    Rule(r"turbotrain export --run runs/ft --format \w+", setup=finished_run("runs/ft"),
+         check=check_export),
     Rule(r"turbotrain tune --data OUT( .*)?", append=TUNE_SMALL, check=check_tune),
     Rule(r"turbotrain info", check=check_info),
     Rule(r"torchrun .*-m turbotrain train .*", append=TRAIN_SMALL_DDP, check=check_torchrun),

@@ -6,6 +6,7 @@
     turbotrain bench --data OUT ...
     turbotrain tune --data OUT ...     (the fastest train settings on this machine)
     turbotrain info                    (versions, CPU/GPU features, what train would pick)
+    turbotrain eval --run RUNDIR | predict --run RUNDIR IMAGES | export --run RUNDIR --format F
 
 Heavy packages (torch, cv2, DALI, FFCV) are imported inside each command, so `--help` and
 `prepare-dataset` start in a fraction of a second.
@@ -164,6 +165,21 @@ def _demo_command():
     return add_demo_arguments, run_demo
 
 
+def _eval_command():
+    from .train.evaluate import add_eval_arguments, run_eval
+    return add_eval_arguments, run_eval
+
+
+def _predict_command():
+    from .train.predict import add_predict_arguments, run_predict
+    return add_predict_arguments, run_predict
+
+
+def _export_command():
+    from .train.export import add_export_arguments, run_export
+    return add_export_arguments, run_export
+
+
 # name -> (one-line help, loader returning (add_arguments, run)). Loaders import lazily so that
 # `turbotrain prepare` never pays for importing torch (~1.5 s here) and `--help` stays instant.
 COMMANDS = {
@@ -180,6 +196,11 @@ COMMANDS = {
              _tune_command),
     "info": ("versions, CPU/GPU features, usable pipelines and what train would pick here",
              _info_command),
+    "eval": ("a trained model's accuracy on a prepared split: eval.json, confusion.png",
+             _eval_command),
+    "predict": ("class names and probabilities for image files, as a CSV", _predict_command),
+    "export": ("a trained model as safetensors, TorchScript or ONNX, checked against it",
+               _export_command),
 }
 ALIASES = {"prepare-dataset": "prepare"}
 

@@ -107,6 +107,24 @@ def fake_results(folder: Path) -> None:
          "images_per_second": 1710.0, "data_wait_fraction": 0.022,
          "speedup_vs_one_process": 1.71,
          "gradient_allreduce": {"gradient_megabytes": 0.55, "median_ms": 0.62}}]})
+    write("predict", {
+        "command": "python bench/bench_predict.py --rounds 3", "workers": 2, "batch_size": 64,
+        "images": 2000, "size": "500x375 q90", "rounds": 3,
+        "results": {"input": {"64": {"predict": 2916.0, "eval_pipeline": 3164.0,
+                                     "ratio": 0.9216},
+                              "224": {"predict": 1190.0, "eval_pipeline": 1254.0,
+                                      "ratio": 0.949}},
+                    "command": {"predict": 171.0, "eval": 156.0, "ratio": 1.096}},
+        "load": {"airbench": {"load_seconds": 0.11, "process_seconds": 3.5, "bytes": 8e6},
+                 "resnet50": {"load_seconds": 1.38, "process_seconds": 4.2, "bytes": 94e6}},
+        "goals": [{"what": "input 64 px: predict / eval pipeline", "ratio": 0.9216,
+                   "goal": 0.9, "met": True},
+                  {"what": "input 224 px: predict / eval pipeline", "ratio": 0.949,
+                   "goal": 0.9, "met": True},
+                  {"what": "command (64 px airbench): predict / eval", "ratio": 1.096,
+                   "goal": 0.9, "met": True},
+                  {"what": "load a run (airbench, resnet50), seconds", "seconds": 1.38,
+                   "goal_seconds": 2.0, "met": True}]})
 
 
 def render(tmp_path: Path) -> str:
@@ -122,8 +140,12 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     for heading in ("## Machine", "## Goals", "## Dataset conversion", "## Input pipelines",
                     "## Our pipeline engines", "## PIL decode + resize", "## Training step",
                     "## Time to 90 %",
-                    "## Several processes (DDP)", "## GPU"):
+                    "## Several processes (DDP)", "## Using a model", "## GPU"):
         assert heading in text
+    assert "| predict | input 64 px: predict / eval pipeline | >= 0.9x | 0.92x | met |" in text
+    assert "| predict | load a run (airbench, resnet50), seconds | < 2 s | 1.38 s | met |" in text
+    assert "| input, 224 px | 1,190 | 1,254 | 0.95x |" in text
+    assert "| `resnet50` | 1.38 | 94 MB | 4.2 |" in text
     # goal next to the measured ratio, in the summary table
     assert "| prepare | prepare-dataset / FFCV DatasetWriter | >= 1.5x | 2.00x | met |" in text
     assert "| pipelines | `pytorch` / `ffcv` | >= 1.2x | 1.75x | met |" in text
@@ -276,7 +298,7 @@ def test_run_all_records_absent_failed_and_ok_scripts(tmp_path, monkeypatch):
 def test_run_all_suite_names_every_benchmark_script():
     names = {b.name for b in run_all.SUITE}
     assert {"prepare", "pipelines", "engines", "pillow", "train_precision", "time_to_accuracy",
-            "ddp", "gpu_check"} <= names
+            "ddp", "predict", "gpu_check"} <= names
     for benchmark in run_all.SUITE:
         assert (BENCH / benchmark.script).is_file()
 

@@ -121,6 +121,30 @@ def test_mid_epoch_state_round_trip(name, split):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_other_crop_ranges_keep_the_contract(name, photo_path):
+    """train --scale / --ratio: the same layout and order, and a mid-epoch resume still yields
+    the very same crops (the boxes stay a function of (seed, epoch, index))."""
+    from turbotrain.datasets import open_dataset
+    dataset = open_dataset(photo_path)
+    opts = options(32, drop_last=False, scale=(0.3, 0.6), ratio=(0.5, 2.0))
+    with build(name, dataset, **opts) as pipeline:
+        full = run_epoch(pipeline, epoch=1)
+    with build(name, dataset, **opts) as pipeline:
+        head = run_epoch(pipeline, epoch=1, limit=2)
+        state = pipeline.state_dict()
+    with build(name, dataset, **opts) as resumed:
+        resumed.load_state_dict(state)
+        tail = [(images.cpu().clone(), labels.cpu().clone()) for images, labels in resumed]
+    order = SampleOrder(len(dataset), batch_size=8, seed=3, shuffle=True, drop_last=False)
+    assert [labels.tolist() for _, labels in full] == \
+        [dataset.labels[b].tolist() for b in order.batches(1)]
+    assert len(head) + len(tail) == len(full)
+    for (a_img, a_lab), (b_img, b_lab) in zip(head + tail, full):
+        assert a_img.shape[1:] == (3, 32, 32) and a_img.dtype == torch.uint8
+        assert torch.equal(a_lab, b_lab) and torch.equal(a_img, b_img)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_small_eval_images_are_the_stored_pixels(name, small_path):
     """Evaluation of small images is the identity: bytes in, bytes out."""
     from turbotrain.datasets import open_dataset

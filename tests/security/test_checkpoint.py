@@ -264,7 +264,7 @@ def test_new_checkpoints_need_no_numpy_globals(tmp_path):
 
 
 def test_config_yaml_errors_name_the_file(tmp_path):
-    from turbotrain.train.config import load_yaml
+    from turbotrain.train.config_files import load_yaml
     path = tmp_path / "config.yaml"
     os.mkfifo(path)
     with pytest.raises(TrainError, match=f"^config {path} is a named pipe, not a regular file$"):

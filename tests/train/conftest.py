@@ -37,6 +37,18 @@ def wait_until(predicate, proc: subprocess.Popen, *, timeout: float,
         time.sleep(0.01)
 
 
+def signal_when(predicate, proc: subprocess.Popen, signum: int, *,
+                timeout: float = 120) -> tuple[str, str]:
+    """Waits (wait_until) for `predicate`, sends `signum` to the run and returns its
+    (stdout, stderr); the process is killed whatever happens, so no test leaves it behind."""
+    try:
+        wait_until(predicate, proc, timeout=timeout)
+        proc.send_signal(signum)
+        return proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     torch.set_num_threads(1)

@@ -5,8 +5,9 @@ import argparse
 
 import pytest
 
-from turbotrain.train.config import (FIELDS, TrainConfig, add_config_arguments,
-                                     config_from_namespace, load_yaml, save_yaml)
+from turbotrain.train.config import FIELDS, TrainConfig
+from turbotrain.train.config_files import config_from_namespace, load_yaml, save_yaml
+from turbotrain.train.config_flags import add_config_arguments
 from turbotrain.train.errors import TrainError
 
 

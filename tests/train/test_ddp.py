@@ -363,7 +363,8 @@ def test_distributed_flags_parse_and_validate(train_cli, tiny_dataset):
     assert code == 2 and "--dist-timeout must be at least 1" in err
     import argparse
 
-    from turbotrain.train.config import add_config_arguments, config_from_namespace
+    from turbotrain.train.config_files import config_from_namespace
+    from turbotrain.train.config_flags import add_config_arguments
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
     args = parser.parse_args(["--data", "DATA", "--sync-bn", "--dist-timeout", "60"])

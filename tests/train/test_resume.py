@@ -12,7 +12,7 @@ import torch
 
 from turbotrain.train.checkpoint import checkpoint_path
 
-from .conftest import logged_steps, read_jsonl, step_losses, train_subprocess, wait_until
+from .conftest import logged_steps, read_jsonl, signal_when, step_losses, train_subprocess
 
 # test-slow takes 50 ms a batch, so there is time to kill the run between checkpoints.
 ARGS = ("--pipeline", "test-slow", "--epochs", 3, "--batch-size", 8, "--log-every", 1,
@@ -59,14 +59,9 @@ def test_resume_after_kill_9_repeats_the_losses_exactly(uninterrupted, tiny_data
     uninterrupted, args = uninterrupted
     run_dir = tmp_path / "killed"
     proc = train_subprocess("--data", tiny_dataset, "--out", run_dir, *args)
-    try:
-        # Kill after the step-5 checkpoint, with a few steps logged past it (these must go).
-        wait_until(lambda: _checkpoint_step(run_dir) >= 5 and logged_steps(run_dir) >= 7, proc,
-                   timeout=120)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    # Kill after the step-5 checkpoint, with a few steps logged past it (these must go).
+    signal_when(lambda: _checkpoint_step(run_dir) >= 5 and logged_steps(run_dir) >= 7, proc,
+                signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
     assert logged_steps(run_dir) < TOTAL_STEPS
     _run_to_end("--out", run_dir, "--resume")
@@ -81,12 +76,7 @@ def test_sigterm_checkpoints_then_resume_finishes_the_same(uninterrupted, tiny_d
     uninterrupted, args = uninterrupted
     run_dir = tmp_path / "stopped"
     proc = train_subprocess("--data", tiny_dataset, "--out", run_dir, *args)
-    try:
-        wait_until(lambda: logged_steps(run_dir) >= 3, proc, timeout=120)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
+    _, err = signal_when(lambda: logged_steps(run_dir) >= 3, proc, signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "--resume" in err
     stopped_at = _checkpoint_step(run_dir)

@@ -70,6 +70,13 @@ class PreparedSplit:
             return len(self.classes)
         return int(self.labels.max()) + 1 if len(self.labels) else 0
 
+    @property
+    def class_names(self) -> list[str]:
+        """classes; for a bare .beton (no names stored), "0", "1", ... up to num_classes."""
+        if self.classes is not None:
+            return list(self.classes)
+        return [str(k) for k in range(self.num_classes)]
+
     def __len__(self) -> int:
         return len(self.beton)
 

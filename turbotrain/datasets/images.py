@@ -112,12 +112,15 @@ class EncodedSample(NamedTuple):
 
 
 def encode_sample(source: bytes | np.ndarray, *, encoding: str, max_side: int,
-                  quality: int) -> EncodedSample:
+                  quality: int, validate: bool = True) -> EncodedSample:
     """Turn one image file's bytes, or a uint8 array, into what a .beton stores.
 
     encoding: "jpeg", "raw", or "auto" (raw when the stored longest side <= AUTO_RAW_MAX_SIDE).
     max_side: shrink (never enlarge) so the longest side is at most this; 0 = keep the size.
     quality: JPEG quality 1..100 when we (re-)encode; a passed-through JPEG keeps its own.
+    validate: False skips the strict 1/4-scale decode of a JPEG that passes through (its pixel
+    stats are then zero): for `turbotrain predict`, which decodes the bytes next anyway and
+    would pay ~0.4 ms an image for it. Everything else is the same, byte for byte.
     Raises ImageError for a bad image; ValueError/TypeError for bad arguments.
     """
     _check_options(encoding, max_side, quality)
@@ -131,7 +134,7 @@ def encode_sample(source: bytes | np.ndarray, *, encoding: str, max_side: int,
     if not data:
         raise ImageError("zero-byte file")
     if data.startswith(b"\xff\xd8"):
-        return _encode_jpeg(data, encoding, max_side, quality)
+        return _encode_jpeg(data, encoding, max_side, quality, validate)
     rgb = _decode_with_pil(data, max_side)
     return _store(rgb, _target_size(*rgb.shape[:2], max_side), encoding, quality)
 
@@ -211,7 +214,8 @@ def _stored_mode(encoding: str, height: int, width: int) -> int:
     return MODE_JPEG
 
 
-def _encode_jpeg(data: bytes, encoding: str, max_side: int, quality: int) -> EncodedSample:
+def _encode_jpeg(data: bytes, encoding: str, max_side: int, quality: int,
+                 validate: bool = True) -> EncodedSample:
     try:
         header = read_jpeg_header(data)
     except ValueError as e:
@@ -224,6 +228,10 @@ def _encode_jpeg(data: bytes, encoding: str, max_side: int, quality: int) -> Enc
     target = _target_size(*upright, max_side)
     mode = _stored_mode(encoding, *target)
     if mode == MODE_JPEG and target == upright and _can_pass_through(header):
+        if not validate:
+            zero = np.zeros(3)
+            return EncodedSample(MODE_JPEG, header.height, header.width, data, zero, zero.copy(),
+                                 header.height * header.width)
         reduced = _decode_jpeg(data, min_height=max(1, header.height // _VALIDATION_SCALE),
                                min_width=max(1, header.width // _VALIDATION_SCALE))
         return EncodedSample(MODE_JPEG, header.height, header.width, data,

@@ -45,7 +45,7 @@ from turbotrain.datasets.source_types import (ArraySplit, FileSplit, Source, Sou
 from turbotrain.datasets.untrusted import Limits, UnsafeInput, outside_root_reason, read_regular
 
 __all__ = ["ArraySplit", "FileSplit", "Limits", "Source", "SourceError", "SplitSource",
-           "IMAGE_EXTENSIONS", "detect_source", "with_val_split"]
+           "IMAGE_EXTENSIONS", "detect_source", "list_images", "with_val_split"]
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
@@ -263,8 +263,11 @@ def _list_labels(path: Path, lines: list[int], names: list[str]) -> tuple[list[s
     return classes, np.array([index[name] for name in names], dtype=np.int64)
 
 
-def _list_rows(path: Path, limits: Limits) -> list[tuple[int, str, str]]:
-    """(line number, path, label) for each non-empty row, header skipped."""
+def _list_rows(path: Path, limits: Limits, *,
+               labelled: bool = True) -> list[tuple[int, str, str]]:
+    """(line number, path, label) for each non-empty row, header skipped. `labelled=False`
+    (`list_images`): the label column is optional ("" when absent) and a .txt without tabs or
+    commas holds one path per line."""
     try:
         text = read_regular(path, limits.max_file_bytes).decode("utf-8-sig")  # Excel's BOM
     except (OSError, UnicodeDecodeError) as e:
@@ -274,7 +277,8 @@ def _list_rows(path: Path, limits: Limits) -> list[tuple[int, str, str]]:
     suffix = path.suffix.lower()
     delimiter = "\t" if suffix == ".tsv" or (suffix == ".txt" and "\t" in first) else ","
     if suffix == ".txt" and delimiter == "," and "," not in first:
-        table = [line.rsplit(None, 1) for line in lines]  # "dir/a b.jpg 3": path may have spaces
+        # "dir/a b.jpg 3": path may have spaces
+        table = [line.rsplit(None, 1) if labelled else [line] for line in lines]
     else:
         try:
             table = list(csv.reader(lines, delimiter=delimiter))
@@ -291,12 +295,57 @@ def _list_rows(path: Path, limits: Limits) -> list[tuple[int, str, str]]:
             numbered = numbered[1:]
     rows = []
     for line, row in numbered:
-        if len(row) <= max(path_column, label_column) or not row[path_column] \
-                or not row[label_column]:
+        label = row[label_column] if len(row) > label_column else ""
+        if len(row) <= path_column or not row[path_column] or (labelled and not label):
             raise SourceError(f"{path}:{line}: expected 'path{delimiter}label', got "
                               f"{delimiter.join(row)!r}")
-        rows.append((line, row[path_column], row[label_column]))
+        rows.append((line, row[path_column], label))
     return rows
+
+
+# --- plain lists of images (turbotrain predict) ---------------------------------------------------
+
+def list_images(path: str | os.PathLike, limits: Limits = Limits(), *,
+                allow_outside_root: bool = False) -> FileSplit:
+    """The image files `path` names, in order, with the same rules as a SOURCE (labels are not
+    needed and all 0): a folder gives every image under it, sorted, symlinked files resolved
+    inside it when read; a .csv/.tsv/.txt list gives its rows' paths (relative to the list's
+    folder, each checked to stay inside it; a label column may be there or not); any other file
+    is itself. SourceError (one line) when the path or the list cannot be read."""
+    path = Path(path).expanduser()
+    try:
+        if path.is_dir():
+            links: set[str] = set()
+            relpaths = _images_under(str(path), path, links)
+            if not relpaths:
+                raise SourceError(f"{path} holds no image files "
+                                  f"({', '.join(sorted(IMAGE_EXTENSIONS))})")
+            return FileSplit(str(path), relpaths, np.zeros(len(relpaths), dtype=np.int64),
+                             limits.max_file_bytes,
+                             frozenset() if allow_outside_root else frozenset(links))
+        if path.name.lower().endswith(LIST_SUFFIXES) and path.is_file():
+            root, relpaths = path.parent, []
+            for line, file, _ in _list_rows(path, limits, labelled=False):
+                if "\0" in file:
+                    raise SourceError(f"{path}:{line}: the path holds a NUL byte")
+                outside = (None if allow_outside_root else
+                           outside_root_reason(os.path.join(root, file), root))
+                if outside:
+                    raise SourceError(f"{path}:{line}: {file} {outside}")
+                relpaths.append(file)
+            if not relpaths:
+                raise SourceError(f"{path} lists no images; expected one path per row")
+            return FileSplit(str(root), relpaths, np.zeros(len(relpaths), dtype=np.int64),
+                             limits.max_file_bytes)
+    except UnsafeInput as e:
+        raise SourceError(f"{path}: {e}") from None
+    except OSError as e:
+        raise SourceError(f"cannot read {path}: {e}") from e
+    except RecursionError:
+        raise SourceError(f"{path} is nested too deeply to list") from None
+    # One file named by the user: read as it is (a missing or unreadable one fails when read),
+    # and named as given.
+    return FileSplit("", [str(path)], np.zeros(1, dtype=np.int64), limits.max_file_bytes)
 
 
 # --- val split ---------------------------------------------------------------------------------

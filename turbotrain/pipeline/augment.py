@@ -9,8 +9,9 @@ whatever the number of workers, and a run resumed mid-epoch sees the same crops.
 Two augmentation families, chosen once per split by `choose_augmentation`:
 
 * photo-sized images: training uses RandomResizedCrop (torchvision's semantics: area scale
-  (0.08, 1), log-uniform aspect ratio (3/4, 4/3), 10 attempts, then a centre-crop fallback) plus
-  a horizontal flip; evaluation resizes the shorter side to ``image_size / crop_ratio`` and takes
+  (0.08, 1), log-uniform aspect ratio (3/4, 4/3), 10 attempts, then a centre-crop fallback;
+  `train --scale / --ratio` change the two ranges, for every pipeline alike) plus a horizontal
+  flip; evaluation resizes the shorter side to ``image_size / crop_ratio`` and takes
   the centre ``image_size`` square, i.e. a centred square box of side ``crop_ratio * min(h, w)``.
 * small images (largest side <= SMALL_IMAGE_MAX_SIDE, CIFAR-style): the image is first resized
   to ``image_size`` if it is not already that size; training then pads by SMALL_IMAGE_PADDING
@@ -85,14 +86,18 @@ def choose_augmentation(heights: np.ndarray, widths: np.ndarray, *, train: bool)
 
 
 def crop_boxes(family: str, *, seed: int, epoch: int, indices: np.ndarray, heights: np.ndarray,
-               widths: np.ndarray, image_size: int, crop_ratio: float = 0.875) -> CropBoxes:
+               widths: np.ndarray, image_size: int, crop_ratio: float = 0.875,
+               scale: tuple[float, float] = RESIZED_CROP_SCALE,
+               ratio: tuple[float, float] = RESIZED_CROP_RATIO) -> CropBoxes:
     """The boxes of the samples `indices` for one family.
 
     `heights`/`widths` are the stored sizes of those samples (same length as `indices`). For
     PAD_CROP and IDENTITY the boxes are in the coordinates of the image resized to `image_size`.
+    `scale` and `ratio` are RandomResizedCrop's (train --scale / --ratio); the other families
+    ignore them.
     """
     if family == RESIZED_CROP:
-        return random_resized_crop(seed, epoch, indices, heights, widths)
+        return random_resized_crop(seed, epoch, indices, heights, widths, scale, ratio)
     if family == CENTRE_CROP:
         return centre_crop(heights, widths, crop_ratio)
     if family == PAD_CROP:
@@ -104,6 +109,14 @@ def crop_boxes(family: str, *, seed: int, epoch: int, indices: np.ndarray, heigh
         return CropBoxes(zero, zero.copy(), full, full.copy(), np.zeros(n, dtype=bool))
     raise ValueError(f"unknown augmentation {family!r}; choose one of: "
                      f"{', '.join((RESIZED_CROP, CENTRE_CROP, PAD_CROP, IDENTITY))}")
+
+
+def check_crop_range(scale, ratio) -> None:
+    """ValueError unless 0 < scale lo <= hi <= 1 and 0 < ratio lo <= hi (finite numbers)."""
+    for name, (lo, hi), rule, top in (("scale", scale, "0 < lo <= hi <= 1", 1.0),
+                                      ("ratio", ratio, "0 < lo <= hi, both finite", math.inf)):
+        if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi <= top):
+            raise ValueError(f"{name} needs {rule}, not {lo} {hi}")
 
 
 # -- counter-based randomness --------------------------------------------------------------------

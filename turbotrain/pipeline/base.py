@@ -20,6 +20,8 @@ from typing import Iterator
 
 import torch
 
+from . import augment
+
 
 class PipelineError(RuntimeError):
     """A pipeline cannot be built or failed while running; the message is one line for the user."""
@@ -48,6 +50,15 @@ class PipelineOptions:
     # pytorch pipeline: "threads" (decode threads in this process, measured fastest), or
     # "processes" (a torch DataLoader with worker processes); None: the pipeline's default.
     worker_mode: str | None = None
+    # RandomResizedCrop's area scale and aspect ratio ranges (training on photo-sized images;
+    # train --scale / --ratio): every pipeline passes them to augment.crop_boxes.
+    scale: tuple[float, float] = augment.RESIZED_CROP_SCALE
+    ratio: tuple[float, float] = augment.RESIZED_CROP_RATIO
+
+    def __post_init__(self):
+        object.__setattr__(self, "scale", tuple(float(v) for v in self.scale))
+        object.__setattr__(self, "ratio", tuple(float(v) for v in self.ratio))
+        augment.check_crop_range(self.scale, self.ratio)
 
     @property
     def drops_last(self) -> bool:

@@ -53,7 +53,9 @@ class BatchDecoder:
     """
 
     def __init__(self, dataset, *, image_size: int, train: bool, seed: int,
-                 crop_ratio: float = 0.875):
+                 crop_ratio: float = 0.875,
+                 scale: tuple[float, float] = augment.RESIZED_CROP_SCALE,
+                 ratio: tuple[float, float] = augment.RESIZED_CROP_RATIO):
         import cv2
         cv2.setNumThreads(1)  # we parallelise across samples; cv2's own pool only adds overhead
         self.beton = dataset.beton
@@ -61,6 +63,7 @@ class BatchDecoder:
         self.image_size = image_size
         self.seed = seed
         self.crop_ratio = crop_ratio
+        self.scale, self.ratio = scale, ratio  # RandomResizedCrop's ranges (train --scale/--ratio)
         self.family = augment.choose_augmentation(dataset.heights, dataset.widths, train=train)
         self.small = self.family in (augment.PAD_CROP, augment.IDENTITY)
         self._modes = np.array(dataset.modes, dtype=np.uint8)
@@ -87,7 +90,8 @@ class BatchDecoder:
         indices = np.asarray(indices, dtype=np.int64)
         return augment.crop_boxes(self.family, seed=self.seed, epoch=epoch, indices=indices,
                                   heights=self._heights[indices], widths=self._widths[indices],
-                                  image_size=self.image_size, crop_ratio=self.crop_ratio)
+                                  image_size=self.image_size, crop_ratio=self.crop_ratio,
+                                  scale=self.scale, ratio=self.ratio)
 
     def decode(self, indices: np.ndarray, epoch: int, out: np.ndarray) -> None:
         """Writes sample ``indices[k]`` (augmented for `epoch`) into ``out[k]``."""

@@ -110,7 +110,7 @@ class DaliPipeline(OrderedPipeline):
             resize_small=bool(((self._heights != s) | (self._widths != s)).any()),
             batch_size=options.batch_size, num_threads=max(1, self.workers),
             device_id=self._device_id(), crop=crop, seed=options.seed,
-            hw_decoder_load=hw_decoder_load)
+            scale=options.scale, ratio=options.ratio, hw_decoder_load=hw_decoder_load)
         self._placeholder_jpeg = placeholder_jpeg() if self.spec.mixed else None
         self._feed = _BatchFeed(self)
         self._pipe = None
@@ -170,7 +170,8 @@ class DaliPipeline(OrderedPipeline):
                                        indices=indices, heights=self._heights[indices],
                                        widths=self._widths[indices],
                                        image_size=self.options.image_size,
-                                       crop_ratio=self.options.crop_ratio)
+                                       crop_ratio=self.options.crop_ratio,
+                                       scale=self.options.scale, ratio=self.options.ratio)
             self._box_inputs(values, boxes, is_jpeg)
         if spec.mixed:
             values["is_jpeg"] = is_jpeg.astype(np.uint8)

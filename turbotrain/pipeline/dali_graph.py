@@ -52,6 +52,9 @@ class GraphSpec:
     prefetch: int = 2        # batches DALI works on ahead of the one being consumed
     crop: str = CROP_SHARED  # CROP_SHARED (augment's boxes) or CROP_DALI (its RNG)
     seed: int = 0            # DALI's RNG seed, only used with CROP_DALI
+    # RandomResizedCrop's ranges, only used with CROP_DALI (CROP_SHARED boxes carry them).
+    scale: tuple[float, float] = augment.RESIZED_CROP_SCALE
+    ratio: tuple[float, float] = augment.RESIZED_CROP_RATIO
     # Share of JPEGs sent to the A100/H100 hardware decoder with device="mixed"; None keeps
     # DALI's default. bench/gpu_check.py compares 0.0 (CUDA nvJPEG only) with the default.
     hw_decoder_load: float | None = None
@@ -162,8 +165,7 @@ def _jpeg_branch(fn, types, spec: GraphSpec, inputs):
         if spec.dali_crops:
             image = fn.decoders.image_random_crop(
                 data, device=device, output_type=types.RGB, **hardware,
-                random_area=augment.RESIZED_CROP_SCALE,
-                random_aspect_ratio=augment.RESIZED_CROP_RATIO,
+                random_area=list(spec.scale), random_aspect_ratio=list(spec.ratio),
                 num_attempts=augment.RESIZED_CROP_ATTEMPTS)
         else:
             image = fn.decoders.image_slice(data, inputs["anchor"], inputs["shape"],

@@ -312,7 +312,8 @@ class FfcvPipeline(OrderedPipeline):
                                    indices=indices, heights=self._heights[indices],
                                    widths=self._widths[indices],
                                    image_size=self.options.image_size,
-                                   crop_ratio=self.options.crop_ratio)
+                                   crop_ratio=self.options.crop_ratio,
+                                   scale=self.options.scale, ratio=self.options.ratio)
         return box_rows(boxes)
 
     def _produce(self, epoch: int, batches: list[np.ndarray]):

@@ -185,7 +185,8 @@ class PyTorchPipeline(OrderedPipeline):
         self.workers, why = choose_workers(options.workers, self.device)
         self.mode = mode
         self.decoder = BatchDecoder(dataset, image_size=options.image_size, train=options.train,
-                                    seed=options.seed, crop_ratio=options.crop_ratio)
+                                    seed=options.seed, crop_ratio=options.crop_ratio,
+                                    scale=options.scale, ratio=options.ratio)
         labels = np.asarray(dataset.labels, dtype=np.int64)
         pinned = self.device.type == "cuda"
         self.source = MODES[mode](self.decoder, labels, self.workers, pinned)

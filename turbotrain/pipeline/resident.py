@@ -161,7 +161,8 @@ class ResidentPipeline(OrderedPipeline):
         boxes = augment.crop_boxes(self.family, seed=self.options.seed, epoch=epoch,
                                    indices=samples, heights=full, widths=full,
                                    image_size=self.options.image_size,
-                                   crop_ratio=self.options.crop_ratio)
+                                   crop_ratio=self.options.crop_ratio,
+                                   scale=self.options.scale, ratio=self.options.ratio)
         # One host-to-device copy per epoch for the order and every box.
         table = np.stack([samples, boxes.top + self.layout.pad, boxes.left + self.layout.pad,
                           boxes.height, boxes.width, boxes.flip.astype(np.int64)], axis=1)

@@ -14,7 +14,8 @@ from turbotrain.datasets.untrusted import is_inside
 from turbotrain.printable import printable
 
 from . import checkpoint as ckpt
-from .config import TrainConfig, save_yaml
+from .config import TrainConfig
+from .config_files import save_yaml
 from .data import jpeg_fraction, open_pipeline, open_split, open_val_split
 from .device import (ThreadPlan, apply_torch_threads, available_cores, choose_channels_last,
                      choose_compile, choose_compile_mode, choose_device, choose_precision,
@@ -23,10 +24,12 @@ from .distributed import (DistEnv, broadcast_object, convert_sync_batchnorm,
                           init_process_group, wrap_model)
 from .ema import ModelEMA
 from .errors import TrainError
+from .finetune import from_weights, optimizer_groups, start_model
 from .host_memory import keep_freed_memory
 from .loop import StepEngine
-from .models import Classifier, build_model, deterministic_global_pools
-from .resolve import default_run_dir, resolve_data_settings, resolve_schedule
+from .mixing import mixer_for
+from .models import Classifier, deterministic_global_pools
+from .resolve import default_run_dir, resolve_data_settings, resolve_resume, resolve_schedule
 from .schedule import build_optimizer, build_scheduler
 
 
@@ -50,6 +53,7 @@ class Run:
     total_steps: int
     num_classes: int
     decisions: dict[str, str] = field(default_factory=dict)  # what -> "value: reason"
+    classes: tuple[str, ...] = ()  # the train split's class names (the weights files' card)
     resume_state: dict | None = None
 
     @property
@@ -69,6 +73,10 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     device_choice = choose_device(config.device, env.local_rank)
     device = decide("device", device_choice.value, device_choice.reason)
     init_process_group(env, device, config.dist_timeout)
+    if config.resume == "auto":  # rank 0 looks at --out, so that every rank takes one path
+        listing = _listing(config.out) if env.is_main else None
+        config, why = resolve_resume(config, broadcast_object(listing, env))
+        decide("resume", config.resume, why)
     # Before the pipelines and the model allocate anything (pipeline worker processes fork later
     # and inherit it); host allocations are every step's on the CPU, the loader's on CUDA.
     kept, why = keep_freed_memory()
@@ -102,7 +110,7 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     options = dict(batch_size=config.batch_size, image_size=config.image_size, device=device,
                    seed=config.seed, rank=env.rank, world_size=env.world_size,
                    workers=threads.workers,
-                   worker_mode=config.worker_mode)
+                   worker_mode=config.worker_mode, scale=config.scale, ratio=config.ratio)
     train_pipeline, pipeline_name, why = open_pipeline(config.pipeline, train_data, train=True,
                                                        **options)
     cleanup.callback(train_pipeline.close)
@@ -128,6 +136,12 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
                             channels_last=channels_last, device=device.type,
                             workers=threads.workers, threads=threads.torch_threads)
 
+    _set_determinism(config, device)
+    ckpt.seed_everything(config.seed)
+    # The dataset's mean/std, or the starting weights' (finetune.py); --freeze-backbone. Built
+    # before the run folder, so that weights that are missing or do not fit leave no folder.
+    model = start_model(spec, config, train_data, resuming=bool(config.resume), decide=decide)
+
     run_dir = _prepare_run_dir(config, env)
     config = config.replace(out=str(run_dir))
     resume_state = ckpt.load_checkpoint(run_dir) if config.resume else None
@@ -136,15 +150,12 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     if env.is_main:
         save_yaml(config, run_dir / "config.yaml")
 
-    _set_determinism(config, device)
-    ckpt.seed_everything(config.seed)
-    model = build_model(spec, train_data.num_classes, train_data.mean, train_data.std)
     if config.deterministic and device.type == "cuda":
         swapped = deterministic_global_pools(model)
         if swapped:
             decide("global_pools", f"{swapped} made deterministic", "--deterministic on CUDA: "
                    "adaptive pools have no deterministic backward there; same values")
-    if resume_state is None:
+    if resume_state is None and not from_weights(config):
         _data_init(model, train_pipeline, config)
     model.to(device, memory_format=torch.channels_last if channels_last else
              torch.contiguous_format)
@@ -161,21 +172,28 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
 
     optimizer = build_optimizer(model, name=config.optimizer, lr=config.lr,
                                 weight_decay=config.weight_decay, momentum=config.momentum,
-                                fused=device.type == "cuda")
+                                fused=device.type == "cuda",
+                                groups=optimizer_groups(model, config,
+                                                        num_classes=train_data.num_classes,
+                                                        lr=config.lr,
+                                                        weight_decay=config.weight_decay,
+                                                        decide=decide))
     scheduler = build_scheduler(optimizer, total=total_steps, warmup=config.warmup_steps,
                                 kind=config.schedule)
     scaler = make_grad_scaler(device, precision)
     engine = StepEngine(train_model, optimizer, scheduler, scaler, device=device,
                         precision=precision, accum_steps=config.accum_steps,
                         label_smoothing=config.label_smoothing, channels_last=channels_last,
-                        ema=ema, ema_source=model)
+                        ema=ema, ema_source=model, clip_grad=config.clip_grad,
+                        mixer=mixer_for(config, num_classes=train_data.num_classes,
+                                        rank=env.rank))
     run = Run(config=config, env=env, run_dir=run_dir, device=device, precision=precision,
               compiled=compiled, channels_last=channels_last, threads=threads,
               pipeline_name=pipeline_name, train_pipeline=train_pipeline,
               val_pipeline=val_pipeline, model=model, engine=engine, ema=ema,
               steps_per_epoch=steps_per_epoch, total_steps=total_steps,
               num_classes=train_data.num_classes, decisions=decisions,
-              resume_state=resume_state)
+              resume_state=resume_state, classes=tuple(train_data.class_names))
     if resume_state is not None:
         restore_modules(run, resume_state)
     return run
@@ -241,6 +259,15 @@ def _choose_run_dir(config: TrainConfig) -> Path:
     except OSError as exc:
         raise TrainError(f"--out {run_dir}: cannot create it ({exc.strerror})") from None
     return run_dir
+
+
+def _listing(folder: str | None) -> list[str] | None:
+    """The names in `folder`, or None when it is not a folder we can list (missing: a new run;
+    anything else: _choose_run_dir says what is wrong)."""
+    try:
+        return sorted(os.listdir(folder)) if folder else None
+    except OSError:
+        return None
 
 
 def _create_numbered(base: Path, attempts: int = 1000) -> Path:

@@ -139,20 +139,29 @@ def check_state(state, path: str | os.PathLike) -> None:
 
 def _check_stored_zip(f, path: Path) -> None:
     """torch.save writes a zip of stored entries; refuse anything else before torch reads it."""
+    problem = stored_zip_problem(f)
+    if problem is not None:
+        raise damaged(path, problem)
+
+
+def stored_zip_problem(f) -> str | None:
+    """Why the open file `f` is not a zip of stored entries that fit in it, or None. Also used
+    for `train --init-from FILE.pt` and `--pretrained`'s cached files."""
     try:
         with zipfile.ZipFile(f) as archive:
             entries = archive.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
-        raise damaged(path, f"not a torch.save zip file: {exc}") from None
+        return f"not a torch.save zip file: {exc}"
     size = os.fstat(f.fileno()).st_size
     total = 0
     for entry in entries:
         if entry.compress_type != zipfile.ZIP_STORED or entry.file_size != entry.compress_size:
-            raise damaged(path, f"entry {entry.filename!r} is compressed; torch.save "
-                                "stores its entries uncompressed")
+            return f"entry {entry.filename!r} is compressed; torch.save stores its entries " \
+                   "uncompressed"
         total += entry.file_size
     if total > size:
-        raise damaged(path, f"its entries claim {total:,} bytes, more than the file's {size:,}")
+        return f"its entries claim {total:,} bytes, more than the file's {size:,}"
+    return None
 
 
 def _old_numpy_rng_globals() -> list:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import add_config_arguments, config_from_namespace
+from .config_files import config_from_namespace
+from .config_flags import add_config_arguments
 from .errors import DistributedFailure, Interrupted, TrainError, TrainingDiverged
 
 PROG = "train"

@@ -1,39 +1,24 @@
-"""`TrainConfig`: every `train` setting in one dataclass, and its YAML and argparse forms.
+"""`TrainConfig`: every `train` setting in one dataclass, with its range checks.
 
-Settings layer, later wins: the dataclass defaults, the run's saved `config.yaml` (with
-`--resume`), the `--config FILE.yaml`, then the flags given on the command line. A field whose
-value is None means "auto": the trainer resolves it from the dataset and the device (see
-resolve.py) and saves the resolved value in RUNDIR/config.yaml, so a saved config reruns as is.
+Each field carries its flag's help text, `--help` group and choices as metadata: config_flags.py
+makes the `train` flags from them and parses values, config_files.py reads and writes the
+settings as YAML and layers defaults, files and flags. A field whose value is None means
+"auto": the trainer resolves it from the dataset and the device (see resolve.py) and saves the
+resolved value in RUNDIR/config.yaml, so a saved config reruns as is.
 
 This module imports no torch, so building the parser for `--help` stays cheap.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import os
+import math
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import yaml
 
 from .errors import TrainError
 
 AUTO = "auto"
-# A config file is a few hundred bytes; a cap keeps a huge or endless one from being read whole.
-MAX_CONFIG_BYTES = 16 << 20
-
-# Argument groups in the order `--help` shows them.
-GROUPS = {
-    "data": "Data and pipeline",
-    "model": "Model",
-    "optim": "Optimisation",
-    "runtime": "Device, precision and threads",
-    "dist": "Several processes (under torchrun)",
-    "run": "Run folder, checkpoints and logging",
-}
 
 
 def _setting(default, help: str, group: str, *, choices=None, saved: bool = True,
@@ -66,6 +51,24 @@ class TrainConfig:
                                           "conv nets", "model")
     compile: bool | None = _setting(None, "torch.compile the model; auto: on for CUDA, off on "
                                     "CPU (no speedup there, 35-60 s compile)", "model")
+    model_kwargs: str | None = _setting(None, "extra constructor arguments of the model, as "
+                                        "JSON or k=v,k=v (e.g. drop_rate=0.1); timm models "
+                                        "also get img_size from --image-size", "model",
+                                        shown="none")
+    # -- starting from weights (finetune.py, weights_in.py)
+    pretrained: bool = _setting(False, "start from the model's published weights "
+                                "(torchvision's DEFAULT, timm's default), read from the local "
+                                "cache only (TORCH_HOME, HF_HOME): nothing is downloaded",
+                                "weights")
+    init_from: str | None = _setting(None, "start from these weights: a run folder (its "
+                                     "best.safetensors, else final.safetensors), a .safetensors "
+                                     "file or a state_dict .pt", "weights", shown="none")
+    freeze_backbone: bool = _setting(False, "train only the classifier head; the rest keeps "
+                                     "the starting weights (and BatchNorm statistics)",
+                                     "weights")
+    layer_decay: float = _setting(1.0, "layer-wise LR decay: each depth below the head gets "
+                                  "F times the LR of the one above it (0.65-0.75 is usual for "
+                                  "ViTs; 1: off)", "weights", shown="1 (off)")
     # -- optimisation
     epochs: int = _setting(10, "passes over the train split", "optim")
     batch_size: int | None = _setting(None, "micro-batch per rank; auto: by device and image "
@@ -96,6 +99,27 @@ class TrainConfig:
                                 "optim")
     max_steps: int | None = _setting(None, "stop after this many optimizer steps (the LR schedule "
                                      "spans them)", "optim", shown="no limit")
+    clip_grad: float = _setting(0.0, "clip the global gradient norm to this before each "
+                                "optimizer step, after fp16 unscaling (0: off)", "optim")
+    # -- augmentation and regularisation: timm's recipes, off (or torchvision's) by default
+    mixup: float = _setting(0.0, "mixup alpha: blend each image with another of its micro-batch "
+                            "by a Beta(alpha, alpha) weight, the labels alike (0.2 is usual; "
+                            "0: off)", "augment")
+    cutmix: float = _setting(0.0, "CutMix alpha: paste a box from another image of the "
+                             "micro-batch, the labels weighted by its area (1.0 is usual; 0: off)",
+                             "augment")
+    mix_prob: float = _setting(1.0, "share of micro-batches that --mixup / --cutmix mix",
+                               "augment")
+    mix_switch_prob: float = _setting(0.5, "with both --mixup and --cutmix on: share of the mixed "
+                                      "micro-batches that get CutMix", "augment")
+    # torchvision's RandomResizedCrop ranges (augment.RESIZED_CROP_SCALE / _RATIO; written out
+    # here because this module imports no torch, and tests/train/test_mixing.py checks them).
+    scale: tuple[float, float] = _setting((0.08, 1.0), "RandomResizedCrop area range LO HI, as "
+                                          "a fraction of the image (photo-sized images; small "
+                                          "ones are pad-cropped)", "augment", shown="0.08 1")
+    ratio: tuple[float, float] = _setting((3 / 4, 4 / 3), "RandomResizedCrop aspect-ratio range "
+                                          "LO HI (width / height, drawn log-uniform)", "augment",
+                                          shown="3/4 4/3")
     # -- device, precision and threads
     device: str = _setting(AUTO, "where to train", "runtime", choices=(AUTO, "cpu", "cuda"))
     precision: str = _setting(AUTO, "auto: bf16 autocast on CPUs with native bf16 and on CUDA "
@@ -121,8 +145,12 @@ class TrainConfig:
                                "deletes nothing it did not write (--resume continues the run in "
                                "it); auto: runs/<dataset>-<model>-<time>, with -2, -3, ... added "
                                "when taken", "run")
-    resume: bool = _setting(False, "continue the run in --out from its last checkpoint", "run",
-                            saved=False)
+    # True, False or "auto" (a flag with an optional value: `--resume`, `--resume auto`).
+    resume: bool | str = _setting(False, "continue the run in --out from its last checkpoint; "
+                                  "--resume auto: continue it when --out holds a checkpoint, "
+                                  "else start a new run there (for a scheduler or torchrun "
+                                  "--max-restarts that reruns the same command)", "run",
+                                  saved=False)
     checkpoint_every: int = _setting(500, "checkpoint every N optimizer steps (0: only at epoch "
                                      "ends and on SIGTERM/SIGINT)", "run")
     log_every: int = _setting(20, "log metrics every N optimizer steps", "run")
@@ -133,6 +161,12 @@ class TrainConfig:
                              "operators by self time)", "run", saved=False)
     config: str | None = _setting(None, "YAML file that sets any of these flags (keys as the flag "
                                   "names); flags given here win", "run", saved=False, shown="none")
+
+    def __post_init__(self):
+        # Pairs (--scale, --ratio) come as lists from argparse (nargs=2) and YAML: kept as tuples.
+        for name in PAIRS:
+            if isinstance(getattr(self, name), list):
+                setattr(self, name, tuple(getattr(self, name)))
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
@@ -156,6 +190,36 @@ class TrainConfig:
             raise TrainError(f"--ema-decay must be in (0, 1), not {self.ema_decay}")
         if self.lr is not None and self.lr <= 0:
             raise TrainError(f"--lr must be positive, not {self.lr}")
+        self._validate_weights_settings()
+        for name in ("clip_grad", "mixup", "cutmix"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise TrainError(f"--{name.replace('_', '-')} must be a number >= 0 (0: off), "
+                                 f"not {getattr(self, name)}")
+        for name in ("mix_prob", "mix_switch_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise TrainError(f"--{name.replace('_', '-')} must be in [0, 1], not "
+                                 f"{getattr(self, name)}")
+        for name, rule, top in (("scale", "0 < LO <= HI <= 1", 1.0),
+                                ("ratio", "0 < LO <= HI (finite)", math.inf)):
+            pair = getattr(self, name)
+            if not (len(pair) == 2 and all(math.isfinite(v) for v in pair)
+                    and 0 < pair[0] <= pair[1] <= top):
+                raise TrainError(f"--{name} needs {rule}, not {' '.join(map(str, pair))}")
+
+    def _validate_weights_settings(self) -> None:
+        """--pretrained, --init-from, --freeze-backbone, --layer-decay, --model-kwargs,
+        --resume."""
+        from .model_args import parse_model_kwargs
+        if not (math.isfinite(self.layer_decay) and 0.0 < self.layer_decay <= 1.0):
+            raise TrainError(f"--layer-decay must be in (0, 1] (1: off), not {self.layer_decay}")
+        if self.pretrained and self.init_from is not None:
+            raise TrainError("--pretrained and --init-from both name starting weights; give one")
+        if self.freeze_backbone and not (self.pretrained or self.init_from is not None):
+            raise TrainError("--freeze-backbone trains only the head, on top of starting "
+                             "weights: add --pretrained or --init-from")
+        if self.resume not in (True, False, AUTO):
+            raise TrainError(f"--resume takes no value or 'auto', not {self.resume!r}")
+        parse_model_kwargs(self.model_kwargs)
 
     def to_saved_dict(self) -> dict:
         """The fields that describe the run (not `resume`/`config`), for RUNDIR/config.yaml."""
@@ -170,155 +234,19 @@ FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
 def _base_type(hint) -> tuple[type, bool]:
-    """(int/float/str/bool, whether None (= auto) is allowed) of a field's annotation."""
+    """(int/float/str/bool/tuple, whether None (= auto) is allowed) of a field's annotation;
+    tuple is a pair of floats (LO HI)."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return args[0], True
+    if typing.get_origin(hint) is tuple:
+        return tuple, False
     return hint, False
 
 
-def parse_value(name: str, raw):
-    """One setting's value from a flag string or a YAML scalar; TrainError says what is wrong."""
-    kind, nullable = _base_type(_HINTS[name])
-    flag = "--" + name.replace("_", "-")
-    if raw is None or (nullable and isinstance(raw, str) and raw.lower() == AUTO):
-        if nullable:
-            return None
-        raise TrainError(f"{flag} needs a value")
-    try:
-        if kind is bool:
-            if isinstance(raw, bool):
-                value = raw
-            elif str(raw).lower() in ("true", "yes", "on", "1"):
-                value = True
-            elif str(raw).lower() in ("false", "no", "off", "0"):
-                value = False
-            else:
-                raise ValueError(raw)
-        elif kind is int:
-            if isinstance(raw, float) and not raw.is_integer():
-                raise ValueError(raw)
-            value = int(raw)
-        elif kind is float:
-            value = float(raw)
-        else:
-            value = str(raw)
-    except (TypeError, ValueError):
-        expected = kind.__name__ + (" or auto" if nullable else "")
-        raise TrainError(f"{flag}: expected {expected}, got {raw!r}") from None
-    choices = FIELDS[name].metadata["choices"]
-    if choices and value not in choices:
-        raise TrainError(f"{flag}: {value!r} is not one of: {', '.join(choices)}")
-    return value
+def field_type(name: str) -> tuple[type, bool]:
+    """`_base_type` of the annotation of TrainConfig's field `name`."""
+    return _base_type(_HINTS[name])
 
 
-# ---------------------------------------------------------------------------- YAML
-
-def load_yaml(path: str | os.PathLike) -> dict:
-    """The settings in a YAML file, validated; keys may be written `batch-size` or `batch_size`."""
-    from turbotrain.datasets.untrusted import UnsafeInput, read_regular
-    path = Path(path)
-    try:
-        # A regular file only (a named pipe would block the read forever), capped.
-        loaded = yaml.safe_load(read_regular(path, MAX_CONFIG_BYTES))
-    except UnsafeInput as exc:
-        raise TrainError(f"config {path} {exc}") from None
-    except OSError as exc:
-        raise TrainError(f"cannot read config {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise TrainError(f"config {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise TrainError(f"config {path} must be a mapping of flag names to values")
-    settings = {}
-    for key, raw in loaded.items():
-        name = str(key).replace("-", "_")
-        if name not in FIELDS:
-            raise TrainError(f"config {path}: unknown setting {str(key)[:80]!r}; choose from: "
-                             f"{', '.join(n.replace('_', '-') for n in FIELDS)}")
-        if not isinstance(raw, (str, int, float, bool, type(None))):
-            # Never str() a list or mapping: YAML aliases nest them into billions of items.
-            raise TrainError(f"config {path}: {key} must be a single value, not a "
-                             f"{type(raw).__name__}")
-        settings[name] = parse_value(name, raw)
-    return settings
-
-
-def save_yaml(config: TrainConfig, path: str | os.PathLike) -> None:
-    """Writes the run's settings as YAML readable by `--config`; auto values must be resolved.
-    Written beside and renamed over `path`: a symlink there is replaced, not written through."""
-    data = {name.replace("_", "-"): value for name, value in config.to_saved_dict().items()}
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.unlink(missing_ok=True)
-        with open(tmp, "x") as f:
-            f.write(yaml.safe_dump(data, sort_keys=False))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-# ---------------------------------------------------------------------------- argparse
-
-def add_config_arguments(parser: argparse.ArgumentParser, *, pipeline_choices=None,
-                         model_help: str = "") -> None:
-    """One flag per TrainConfig field, grouped. Defaults are SUPPRESSed so that the Namespace
-    holds only the flags actually given, which lets YAML and saved settings sit underneath."""
-    groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
-    for name, f in FIELDS.items():
-        kind, nullable = _base_type(_HINTS[name])
-        flag = "--" + name.replace("_", "-")
-        default = f.default
-        shown = f.metadata["shown"]
-        if shown is None:
-            shown = (AUTO if default is None else ("on" if default else "off")
-                     if isinstance(default, bool) else default)
-        help_text = f.metadata["help"]
-        if name == "model" and model_help:
-            help_text += "; " + model_help
-        if name != "data":
-            help_text += f" (default: {shown})"
-        kwargs = dict(default=argparse.SUPPRESS, help=help_text, dest=name)
-        if kind is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        else:
-            choices = f.metadata["choices"]
-            if name == "pipeline" and pipeline_choices is not None:
-                choices = (AUTO, *pipeline_choices)
-            if choices:
-                kwargs["choices"] = choices
-            else:
-                kwargs["type"] = _flag_parser(name)
-                kwargs["metavar"] = name.upper() if kind is str else kind.__name__.upper()
-        groups[f.metadata["group"]].add_argument(flag, **kwargs)
-
-
-def _flag_parser(name: str):
-    def parse(text: str):
-        try:
-            return parse_value(name, text)
-        except TrainError as exc:
-            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
-    parse.__name__ = _base_type(_HINTS[name])[0].__name__  # argparse's "invalid int value"
-    return parse
-
-
-def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
-    """Defaults <- RUNDIR/config.yaml (with --resume) <- --config FILE <- the given flags."""
-    given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
-    from_file = load_yaml(given["config"]) if given.get("config") else {}
-    requested = {**from_file, **given}
-    saved = {}
-    if requested.get("resume"):
-        if not requested.get("out"):
-            raise TrainError("--resume needs --out RUNDIR (the run to continue)")
-        saved_path = Path(requested["out"]) / "config.yaml"
-        if not os.path.lexists(saved_path):  # anything else there: load_yaml says what it is
-            raise TrainError(f"--resume: no run to continue in {requested['out']} "
-                             "(no config.yaml there)")
-        saved = load_yaml(saved_path)
-    config = TrainConfig(**{**saved, **requested})
-    config.validate()
-    return config
+PAIRS = tuple(name for name in FIELDS if field_type(name)[0] is tuple)

@@ -14,17 +14,24 @@ from torch import nn
 from .device import autocast_context
 from .distributed import DistEnv, all_reduce_sum, sync_context
 from .ema import ModelEMA
+from .mixing import Mixer, soft_target_cross_entropy
 
 
 class StepEngine:
     """Forward and loss under autocast, backward through the GradScaler, optimizer step every
     `accum_steps` micro-batches with the loss scaled by 1/K, so K micro-batches of B add up to
-    the gradient of one batch of K*B."""
+    the gradient of one batch of K*B.
+
+    With a `mixer` (--mixup / --cutmix, mixing.py) each micro-batch is mixed by its position
+    (epoch, micro-batch index) and trained on soft targets. With `clip_grad` > 0 the global
+    gradient norm is clipped once per optimizer step, after the GradScaler unscaled the
+    gradients; the norm stays on the device (`grad_norm`, read at log points)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
                  scaler: torch.amp.GradScaler, *, device: torch.device, precision: str,
                  accum_steps: int, label_smoothing: float, channels_last: bool,
-                 ema: ModelEMA | None = None, ema_source: nn.Module | None = None):
+                 ema: ModelEMA | None = None, ema_source: nn.Module | None = None,
+                 mixer: Mixer | None = None, clip_grad: float = 0.0):
         self.model = model  # possibly compiled and/or DDP-wrapped
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -36,25 +43,45 @@ class StepEngine:
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.ema = ema
         self.ema_source = ema_source  # the plain module the EMA follows
+        self.mixer = mixer
+        self.clip_grad = clip_grad
+        self.grad_norm: torch.Tensor | None = None  # the last step's, before clipping
 
-    def micro_step(self, images: torch.Tensor, labels: torch.Tensor,
-                   will_step: bool) -> torch.Tensor:
-        """Forward + backward of one micro-batch; returns its (unscaled) loss / K, detached."""
+    def micro_step(self, images: torch.Tensor, labels: torch.Tensor, will_step: bool,
+                   position: tuple[int, int] | None = None) -> torch.Tensor:
+        """Forward + backward of one micro-batch; returns its (unscaled) loss / K, detached.
+        `position`: (epoch, index of the micro-batch in it), which a mixer needs."""
+        criterion, targets = self.criterion, labels
+        if self.mixer is not None:
+            if position is None:
+                raise ValueError("a StepEngine with a mixer needs each micro-batch's position")
+            images, targets = self.mixer(images, labels, epoch=position[0], micro=position[1])
+            criterion = soft_target_cross_entropy
         images = images.contiguous(memory_format=self.memory_format)  # no-op when it already is
         with sync_context(self.model, will_step):
             with autocast_context(self.device, self.precision):
                 logits = self.model(images)
-                loss = self.criterion(logits, labels) / self.accum_steps
+                loss = criterion(logits, targets) / self.accum_steps
             self.scaler.scale(loss).backward()
         return loss.detach()
 
     def optimizer_step(self) -> None:
+        if self.clip_grad > 0:
+            self.scaler.unscale_(self.optimizer)  # a no-op unless fp16; step() then won't redo it
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            # No host sync: the norm and the clip factor stay tensors on the device.
+            self.grad_norm = nn.utils.clip_grad_norm_(params, self.clip_grad, foreach=True)
         self.scaler.step(self.optimizer)  # skips the step when fp16 gradients hold inf/nan
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         if self.ema is not None:
             self.ema.update(self.ema_source)
+
+    def log_record(self) -> dict:
+        """Read at log points (where the trainer syncs anyway): with --clip-grad, the last
+        step's gradient norm before clipping."""
+        return {} if self.grad_norm is None else {"grad_norm": float(self.grad_norm)}
 
     @property
     def lr(self) -> float:
@@ -64,12 +91,15 @@ class StepEngine:
 @torch.no_grad()
 def evaluate(model: nn.Module, pipeline, *, device: torch.device, precision: str,
              channels_last: bool, env: DistEnv) -> dict:
-    """Accuracy and mean cross-entropy (no label smoothing) over the whole split, summed across
-    ranks. `pipeline` is rewound to its first batch before and after."""
+    """Accuracy, top-5 accuracy and mean cross-entropy (no label smoothing) over the whole
+    split, summed across ranks; every count stays on the device until the one read at the end.
+    With fewer than 5 classes `val_top5` is top-k with k = the class count, so 1.0.
+    `pipeline` is rewound to its first batch before and after."""
     was_training = model.training
     model.eval()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    # loss sum, correct, count, correct in the top 5
+    totals = torch.zeros(4, dtype=torch.float64, device=device)
     start = time.perf_counter()
     initial = pipeline.state_dict()
     try:
@@ -81,13 +111,16 @@ def evaluate(model: nn.Module, pipeline, *, device: torch.device, precision: str
             totals[0] += loss
             totals[1] += (logits.argmax(dim=1) == labels).sum()
             totals[2] += labels.numel()
+            top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            totals[3] += (top == labels[:, None]).any(dim=1).sum()
     finally:
         pipeline.load_state_dict(initial)
         model.train(was_training)
-    loss_sum, correct, count = all_reduce_sum(totals, env).tolist()
+    loss_sum, correct, count, correct5 = all_reduce_sum(totals, env).tolist()
     count = max(count, 1.0)
     return {"val_loss": loss_sum / count, "val_accuracy": correct / count,
-            "val_images": int(count), "eval_seconds": time.perf_counter() - start}
+            "val_top5": correct5 / count, "val_images": int(count),
+            "eval_seconds": time.perf_counter() - start}
 
 
 def parameters_finite(model: nn.Module) -> bool:

@@ -6,7 +6,9 @@ mean/std as buffers, so a checkpoint carries its own normalisation.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -26,6 +28,11 @@ class ModelSpec:
     sgd_lr: float  # peak SGD learning rate per 256 images of global batch
     weight_decay: float  # SGD weight decay
     conv: bool = True  # channels_last helps
+    family: str = "ours"  # ours, torchvision or timm: where --pretrained weights come from
+    # What `build` passes to the constructor beyond num_classes (--model-kwargs, and timm's
+    # img_size), and a line saying how the image size reaches the model (timm), or "".
+    kwargs: dict = field(default_factory=dict)
+    note: str = ""
 
 
 _MODELS: dict[str, ModelSpec] = {}
@@ -59,18 +66,46 @@ def model_choices() -> str:
             f"or {TIMM_PREFIX}NAME with timm installed")
 
 
-def get_model_spec(name: str) -> ModelSpec:
+def get_model_spec(name: str, *, model_kwargs: dict | None = None,
+                   image_size: int | None = None) -> ModelSpec:
+    """The spec of model `name`; `model_kwargs` (checked by model_args) go to its constructor,
+    and a timm model that takes `img_size` is built for `image_size`. Arguments the model does
+    not take are one TrainError line naming --model-kwargs."""
     _register_builtin()
+    kwargs = dict(model_kwargs or {})
     if name in _MODELS:
-        return _MODELS[name]
+        return _own_spec(_MODELS[name], kwargs)
     if name.startswith(TIMM_PREFIX):
-        return _timm_spec(name[len(TIMM_PREFIX):])
+        return _timm_spec(name[len(TIMM_PREFIX):], kwargs, image_size)
     if name in torchvision_model_names():
-        return _torchvision_spec(name)
+        return _torchvision_spec(name, kwargs)
     raise TrainError(f"unknown model {name!r}; choose one of: {model_choices()}")
 
 
-def _torchvision_spec(name: str) -> ModelSpec:
+def _own_spec(spec: ModelSpec, kwargs: dict) -> ModelSpec:
+    if not kwargs:
+        return spec
+    takes = [p for p in inspect.signature(spec.build).parameters if p != "num_classes"]
+    unknown = sorted(set(kwargs) - set(takes))
+    if unknown:
+        raise TrainError(f"--model-kwargs: {spec.name} takes "
+                         f"{', '.join(takes) if takes else 'no keyword arguments'}, not "
+                         f"{', '.join(unknown)}")
+    build = spec.build
+    return dataclasses.replace(spec, build=lambda n: build(n, **kwargs), kwargs=kwargs)
+
+
+def _try_on_meta(name: str, build: Callable[[int], nn.Module]) -> None:
+    """Builds the net on the meta device (no memory, ~0.1 s for a ViT-B) so that arguments it
+    does not take fail now, in one line, rather than later inside the batch finder."""
+    try:
+        with torch.device("meta"):
+            build(2)
+    except TypeError as exc:
+        raise TrainError(f"--model-kwargs: {name} refuses them ({exc})") from None
+
+
+def _torchvision_spec(name: str, kwargs: dict) -> ModelSpec:
     import torchvision
 
     def build(num_classes: int) -> nn.Module:
@@ -79,26 +114,53 @@ def _torchvision_spec(name: str) -> ModelSpec:
             # Zero-init the last BN of each residual block: every block starts as the identity,
             # which lets the large-batch warm-up go faster (Goyal et al. 2017).
             extra["zero_init_residual"] = True
-        return torchvision.models.get_model(name, weights=None, num_classes=num_classes, **extra)
+        return torchvision.models.get_model(name, weights=None, num_classes=num_classes,
+                                            **{**extra, **kwargs})
 
+    if kwargs:
+        _try_on_meta(name, build)
     transformer = name.startswith(("vit_", "swin_"))
     # 0.1 per 256 images with SGD is torchvision's and Goyal et al.'s ResNet rate; 1e-4 decay.
-    return ModelSpec(name, build, sgd_lr=0.1, weight_decay=1e-4, conv=not transformer)
+    return ModelSpec(name, build, sgd_lr=0.1, weight_decay=1e-4, conv=not transformer,
+                     family="torchvision", kwargs=kwargs)
 
 
-def _timm_spec(timm_name: str) -> ModelSpec:
+def _timm_spec(timm_name: str, kwargs: dict, image_size: int | None) -> ModelSpec:
     try:
         import timm
     except ImportError:
         raise TrainError(f"model {TIMM_PREFIX}{timm_name} needs timm: pip install timm") from None
     if timm_name not in timm.list_models():
         raise TrainError(f"timm has no model {timm_name!r} (see timm.list_models())")
+    name = TIMM_PREFIX + timm_name
 
-    def build(num_classes: int) -> nn.Module:
-        return timm.create_model(timm_name, pretrained=False, num_classes=num_classes)
+    def builder(extra: dict) -> Callable[[int], nn.Module]:
+        return lambda n: timm.create_model(timm_name, pretrained=False, num_classes=n, **extra)
 
+    note = ""
+    if image_size is not None:
+        # Transformers (ViT, DeiT, Swin, ...) size their position embeddings and patch grid
+        # for img_size, 224 by default: a 32 px image would fail the patch embedding's size
+        # check. Conv nets end in a global pool and take no img_size; any size runs.
+        sized = {**kwargs, "img_size": image_size}
+        try:
+            with torch.device("meta"):
+                builder(sized)(2)
+            kwargs, note = sized, f"built with img_size={image_size}, the run's image size"
+        except TypeError as exc:
+            if "img_size" not in str(exc):
+                raise TrainError(f"--model-kwargs: {name} refuses them ({exc})") from None
+            note = (f"{name} takes no img_size (a conv net with a global pool: it runs at "
+                    "any size)")
+        except (AssertionError, ValueError, RuntimeError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TrainError(f"{name} cannot be built for {image_size} px images ({reason}); "
+                             "choose another --image-size") from None
+    if "img_size" not in kwargs and kwargs:
+        _try_on_meta(name, builder(kwargs))
     conv = not timm_name.startswith(("vit", "deit", "swin", "beit", "eva"))
-    return ModelSpec(TIMM_PREFIX + timm_name, build, sgd_lr=0.1, weight_decay=1e-4, conv=conv)
+    return ModelSpec(name, builder(kwargs), sgd_lr=0.1, weight_decay=1e-4, conv=conv,
+                     family="timm", kwargs=kwargs, note=note)
 
 
 def _register_builtin() -> None:

@@ -8,9 +8,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from turbotrain.printable import printable
+
+from .checkpoint import CHECKPOINT_NAME
 from .config import TrainConfig
 from .data import auto_image_size
 from .errors import TrainError
+from .finetune import auto_warmup, lr_factor, weights_hint
+from .model_args import canonical, parse_model_kwargs
 from .models import ModelSpec, auto_model, get_model_spec
 from .schedule import ADAMW_LR_PER_256, ADAMW_WEIGHT_DECAY, auto_warmup_steps, scaled_lr
 
@@ -26,13 +31,25 @@ def resolve_data_settings(config: TrainConfig, dataset, device_type: str, world_
                           ) -> Resolved:
     """image size, model, batch size and learning rate; the schedule length comes later."""
     reasons = {}
+    hint = weights_hint(config)  # what --init-from's card or --pretrained implies
     image_size = config.image_size
+    if image_size is None and hint.image_size is not None:
+        image_size = hint.image_size
+        reasons["image_size"] = f"{image_size} px, the size the --init-from weights learnt at"
     if image_size is None:
         image_size, reasons["image_size"] = auto_image_size(dataset, device_type)
     model = config.model
+    if model == "auto" and hint.model is not None:
+        model, reasons["model"] = hint.model, hint.reason
     if model == "auto":
         model, reasons["model"] = auto_model(image_size, device_type, len(dataset))
-    spec = get_model_spec(model)
+    if config.model_kwargs is not None:
+        model_kwargs = parse_model_kwargs(config.model_kwargs)
+    else:  # a run of the same model keeps the card's constructor arguments
+        model_kwargs = hint.model_kwargs if hint.model == model and hint.model_kwargs else {}
+        if model_kwargs:
+            reasons["model_kwargs"] = "the --init-from weights' model_kwargs"
+    spec = get_model_spec(model, model_kwargs=model_kwargs, image_size=image_size)
 
     batch = config.batch_size
     if batch is None:
@@ -60,6 +77,10 @@ def resolve_data_settings(config: TrainConfig, dataset, device_type: str, world_
             lr = scaled_lr(ADAMW_LR_PER_256, global_batch, "adamw")
             reasons["lr"] = (f"AdamW {ADAMW_LR_PER_256} per 256 images x "
                              f"sqrt({global_batch}/256)")
+        factor, why = lr_factor(config, spec, dataset)  # starting from weights (finetune.py)
+        if factor != 1.0:
+            lr = float(f"{lr * factor:.6g}")  # 0.0025, not 0.0025000000000000005
+        reasons["lr"] += why
     weight_decay = config.weight_decay
     if weight_decay is None:
         weight_decay = spec.weight_decay if config.optimizer == "sgd" else ADAMW_WEIGHT_DECAY
@@ -69,6 +90,7 @@ def resolve_data_settings(config: TrainConfig, dataset, device_type: str, world_
     if worker_mode == "auto":
         worker_mode, reasons["worker_mode"] = "threads", "measured faster than worker processes"
     resolved = config.replace(image_size=image_size, model=spec.name, batch_size=batch, lr=lr,
+                              model_kwargs=canonical(model_kwargs),
                               weight_decay=weight_decay, accum_steps=accum,
                               worker_mode=worker_mode)
     return Resolved(resolved, spec, reasons)
@@ -184,9 +206,28 @@ def resolve_schedule(config: TrainConfig, steps_per_epoch: int) -> tuple[TrainCo
     reasons = {}
     warmup = config.warmup_steps
     if warmup is None:
-        warmup = auto_warmup_steps(total)
-        reasons["warmup_steps"] = f"5% of the {total} steps"
+        warmup, reasons["warmup_steps"] = auto_warmup(config, total, auto_warmup_steps(total))
     return config.replace(warmup_steps=warmup), total, reasons
+
+
+def resolve_resume(config: TrainConfig, names: list[str] | None) -> tuple[TrainConfig, str]:
+    """`--resume auto`, from the names in --out (None: no such folder): continue the run there
+    when it has a checkpoint, else start a new one, which needs the folder missing or empty
+    (train deletes nothing it did not write). Returns the config with `resume` True or False,
+    and the reason."""
+    if config.resume != "auto":
+        return config.replace(resume=bool(config.resume)), ""
+    if not config.out:
+        raise TrainError("--resume auto needs --out RUNDIR (the run to continue or start)")
+    if names and CHECKPOINT_NAME in names:
+        return config.replace(resume=True), f"auto: {config.out} holds a checkpoint"
+    if names:
+        shown = ", ".join(printable(name) for name in names[:3]) + (", ..." if len(names) > 3
+                                                                    else "")
+        raise TrainError(f"--resume auto: --out {config.out} has no {CHECKPOINT_NAME} to "
+                         f"continue and is not empty (holds {shown}), so no new run can start "
+                         "there either; choose another --out")
+    return config.replace(resume=False), f"auto: no checkpoint in {config.out} yet: a new run"
 
 
 def default_run_dir(config: TrainConfig) -> str:

@@ -35,12 +35,14 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, *, name: str, lr: float, weight_decay: float,
-                    momentum: float, fused: bool = False) -> torch.optim.Optimizer:
+                    momentum: float, fused: bool = False,
+                    groups: list[dict] | None = None) -> torch.optim.Optimizer:
     """`fused` (the trainer sets it on CUDA): the whole update is one kernel per parameter
     group instead of foreach's several (SGD: momentum, Nesterov, decay, step; AdamW more), and
     a GradScaler's inf check happens inside it, without a host sync. Off on the CPU, where the
-    plain loop is what the CPU timings in the docs were measured with."""
-    groups = param_groups(model, weight_decay)
+    plain loop is what the CPU timings in the docs were measured with. `groups`: parameter
+    groups of their own (--layer-decay's, each with its "lr"), instead of `param_groups`."""
+    groups = param_groups(model, weight_decay) if groups is None else groups
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True,
                                fused=fused or None)

@@ -8,6 +8,9 @@ each batch, from CUDA events; see monitor.py and profiling.py); the rest of a st
 On CUDA the device is synchronised at log points, so each window's wall time is the GPU's too.
 The first optimizer steps of a process (compile, allocator and oneDNN/cuDNN warm-up) and
 evaluation are kept out of images/s. The end of a run prints the bottleneck verdict (doctor.py).
+
+What a checkpoint holds of the loop's state (Counters) is in trainer_state.py; the summary
+`train` returns and writes as summary.json is assembled in run_summary.py.
 """
 from __future__ import annotations
 
@@ -16,65 +19,25 @@ import dataclasses
 import gc
 import signal
 import time
-from dataclasses import dataclass
 
 import torch
 
 from . import checkpoint as ckpt
+from .builder import Run, build_run
 from .config import TrainConfig
-from .device import peak_memory_bytes
 from .distributed import (barrier, destroy_process_group, dist_env_from_environ,
                           explain_collective_failure, is_collective_failure, max_over_ranks,
                           mean_loss_and_any_stop, report_collective_failures_before_sigterm)
 from .errors import DistributedFailure, Interrupted, TrainingDiverged
+from .keep_best import WeightsKeeper
 from .loop import evaluate, parameters_finite
 from .monitor import RunMonitor
 from .progress import Progress
 from .report import MetricsLog, plot_curves, write_summary
-from .builder import Run, build_run
+from .run_summary import run_summary
+from .trainer_state import Counters, checkpoint_state, restore_state
 
 NONFINITE_PATIENCE = 2  # log windows in a row with a non-finite loss before the run stops
-
-
-@dataclass
-class Counters:
-    """Where the run is; saved in every checkpoint."""
-    epoch: int = 0  # the epoch being trained
-    micro_in_epoch: int = 0  # micro-batches of it already trained on
-    step: int = 0  # optimizer steps done
-    images: int = 0  # images trained on, all ranks
-    wall_seconds: float = 0.0  # elapsed before this process started (resumed runs)
-    timed_seconds: float = 0.0  # training time counted in images/s
-    timed_images: int = 0
-    timed_steps: int = 0
-    timed_data_wait: float = 0.0
-    warmup_seconds: float = 0.0
-    eval_seconds: float = 0.0
-    window_steps: int = 0  # steps in the current loss window
-    epoch_loss_sum: float = 0.0
-    epoch_steps: int = 0
-    bad_windows: int = 0
-    last_checkpoint_step: int = -1
-    last_eval_step: int = -1
-    val: dict | None = None  # the latest evaluation
-
-
-def _saved_counters(saved: dict) -> Counters:
-    """Counters from a checkpoint, each of its field's type (ints not negative): the loop
-    would otherwise fail on a wrong one steps later, far from the cause."""
-    counters = Counters(**saved)
-    for f in dataclasses.fields(Counters):
-        value = getattr(counters, f.name)
-        if f.name == "val":  # the last evaluation's numbers, printed at the end
-            if value is not None and not (isinstance(value, dict) and all(
-                    type(v) in (int, float) for v in value.values())):
-                raise TypeError(f"counter 'val' is {value!r:.60}")
-        elif isinstance(f.default, int):
-            if type(value) is not int or (value < 0 and f.default >= 0):
-                raise ValueError(f"counter {f.name!r} is {value!r}")
-        elif type(value) not in (int, float):
-            raise TypeError(f"counter {f.name!r} is {value!r}")
-    return counters
 
 
 class Trainer:
@@ -97,6 +60,7 @@ class Trainer:
                                   profile=self.config.profile, writes_files=self.main)
         self._reset_timing_window()
         self.pipeline_state = None
+        self.keeper = WeightsKeeper(run)  # best.safetensors, final.safetensors
         if run.resume_state is not None:
             self._restore(run.resume_state)
 
@@ -143,7 +107,8 @@ class Trainer:
             except StopIteration:
                 break
             will_step = (c.micro_in_epoch + 1) % k == 0
-            self.loss_window += engine.micro_step(images, labels, will_step)
+            self.loss_window += engine.micro_step(images, labels, will_step,
+                                                  (c.epoch, c.micro_in_epoch))
             c.micro_in_epoch += 1
             self.window_images += labels.shape[0] * run.env.world_size
             if not will_step:
@@ -259,6 +224,7 @@ class Trainer:
         self.metrics.write({"kind": "step", "epoch": c.epoch, "epoch_float": self._epoch_float(),
                             "step": c.step, "loss": loss, "lr": self.run.engine.lr,
                             "images_per_second": rate, "data_wait_fraction": wait,
+                            **self.run.engine.log_record(),
                             **self.monitor.window_record(), "time": self.elapsed()})
         mean_step = c.timed_seconds / c.timed_steps if c.timed_steps else 0.0
         self.progress.update(epoch=c.epoch, epochs=self.config.epochs, step=c.step, loss=loss,
@@ -286,11 +252,13 @@ class Trainer:
         c.eval_seconds += result.pop("eval_seconds")
         c.val = result
         c.last_eval_step = c.step
+        self.keeper.evaluated(c, result)
         if record_epoch:
             self._write_epoch_record(result)
         self.progress.message(f"epoch {c.epoch + 1 if record_epoch else self._epoch_float():.3g}"
                               f" step {c.step}: val_loss {result['val_loss']:.4f} "
-                              f"val_accuracy {result['val_accuracy']:.2%}")
+                              f"val_accuracy {result['val_accuracy']:.2%} "
+                              f"top5 {result['val_top5']:.2%}")
         self._reset_timing_window()
 
     def _write_epoch_record(self, result: dict) -> None:
@@ -308,48 +276,17 @@ class Trainer:
         if not parameters_finite(run.model):
             self._diverged(f"the weights became non-finite (nan/inf) by step {c.step}")
         if self.main:
-            engine = run.engine
             counters = dataclasses.replace(c, wall_seconds=self.elapsed())
-            pipeline_state = {**run.train_pipeline.state_dict(), "epoch": c.epoch,
-                              "batch_index": c.micro_in_epoch}
-            ckpt.save_atomic({
-                "model": run.model.state_dict(),
-                "optimizer": engine.optimizer.state_dict(),
-                "scheduler": engine.scheduler.state_dict(),
-                "scaler": engine.scaler.state_dict(),
-                "ema": run.ema.state_dict() if run.ema is not None else None,
-                "rng": ckpt.capture_rng(),
-                "pipeline": pipeline_state,
-                "counters": dataclasses.asdict(counters),
-                "loss_window": self.loss_window.detach().cpu().clone(),
-                "config": self.config.to_saved_dict(),
-                "world_size": run.env.world_size,
-            }, ckpt.checkpoint_path(run.run_dir))
+            ckpt.save_atomic(checkpoint_state(run, counters, self.loss_window),
+                             ckpt.checkpoint_path(run.run_dir))
         c.last_checkpoint_step = c.step
         barrier(run.env)
         self._reset_timing_window()
 
     def _restore(self, state: dict) -> None:
         """Counters, RNG, loss window and pipeline position (the modules were restored when the
-        run was built); metrics logged after the checkpoint are dropped. A state that does not
-        fit is one TrainError line (checkpoint.damaged)."""
-        try:
-            self.counters = _saved_counters(state["counters"])
-            self.counters.last_checkpoint_step = self.counters.step
-            loss_window = state["loss_window"]
-            if loss_window.dim() != 0 or not loss_window.is_floating_point():
-                raise ValueError(f"loss_window of shape {tuple(loss_window.shape)} and type "
-                                 f"{loss_window.dtype}, not a float scalar")
-            self.loss_window = loss_window.to(self.run.device)
-            ckpt.restore_rng(state["rng"])
-            pipeline_state = state["pipeline"]
-            if self.counters.micro_in_epoch > 0:
-                # Loaded now so that a damaged position fails here; _train_epoch loads it again
-                # after set_epoch.
-                self.run.train_pipeline.load_state_dict(pipeline_state)
-                self.pipeline_state = pipeline_state
-        except ckpt.RESTORE_ERRORS as exc:
-            raise ckpt.damaged(ckpt.checkpoint_path(self.run.run_dir), exc) from None
+        run was built); metrics logged after the checkpoint are dropped."""
+        self.counters, self.loss_window, self.pipeline_state = restore_state(self.run, state)
         self.metrics.truncate_after(self.counters.step, self.counters.epoch)
 
     # ------------------------------------------------------------------ the end
@@ -366,45 +303,28 @@ class Trainer:
 
     def _finish(self, outcome: str) -> dict:
         run, c = self.run, self.counters
-        ema_result = {}
+        ema_result, ema_eval = {}, None
         if run.ema is not None and run.val_pipeline is not None:
             ema_eval = evaluate(run.ema.module, run.val_pipeline, device=run.device,
                                 precision=run.precision, channels_last=run.channels_last,
                                 env=run.env)
             ema_result = {"ema_val_loss": ema_eval["val_loss"],
-                          "ema_val_accuracy": ema_eval["val_accuracy"]}
+                          "ema_val_accuracy": ema_eval["val_accuracy"],
+                          "ema_val_top5": ema_eval["val_top5"]}
             self.progress.message(f"EMA weights: val_accuracy {ema_eval['val_accuracy']:.2%}")
+        weights = self.keeper.finish(c, ema_eval if run.ema is not None else c.val)
         self.progress.close()
         diagnosis, monitor_files = self.monitor.finish(run)
-        val = c.val or {}
-        timed = c.timed_seconds
-        summary = {
-            "val_accuracy": val.get("val_accuracy"), "val_loss": val.get("val_loss"), **ema_result,
-            "epochs": round(c.epoch + (c.micro_in_epoch / (run.steps_per_epoch
-                                                           * self.config.accum_steps)), 4),
-            "steps": c.step, "images": c.images, "outcome": outcome,
-            "images_per_second": c.timed_images / timed if timed else None,
-            "data_wait_fraction": c.timed_data_wait / timed if timed else None,
-            "data_wait_seconds": c.timed_data_wait, "compute_seconds": timed - c.timed_data_wait,
-            "warmup_seconds": c.warmup_seconds, "eval_seconds": c.eval_seconds,
-            "wall_seconds": self.elapsed(),
-            "pipeline": run.pipeline_name, "precision": run.precision, "compiled": run.compiled,
-            "channels_last": run.channels_last, "device": str(run.device),
-            "world_size": run.env.world_size, "global_batch_size": run.global_batch,
-            "peak_memory_bytes": peak_memory_bytes(run.device),
-            "model": self.config.model, "image_size": self.config.image_size,
-            "batch_size": self.config.batch_size, "accum_steps": self.config.accum_steps,
-            "lr": self.config.lr, "optimizer": self.config.optimizer,
-            "workers": run.threads.workers, "torch_threads": run.threads.torch_threads,
-            "decisions": run.decisions,
-            **self.monitor.memory(), "diagnosis": diagnosis.as_dict(),
-        }
+        summary = run_summary(run, c, outcome=outcome, wall_seconds=self.elapsed(),
+                              ema_result=ema_result, weights=weights, monitor=self.monitor,
+                              diagnosis=diagnosis)
         if self.main:
             for line in diagnosis.lines() + [f"wrote {path}" for path in monitor_files]:
                 print(line, flush=True)
             write_summary(run.run_dir, summary)
             plot_curves(run.run_dir)
             self.metrics.close()
+            val, timed = c.val or {}, c.timed_seconds
             print(f"done: {c.step} steps, val_accuracy "
                   + (f"{val['val_accuracy']:.2%}" if val else "n/a")
                   + (f", {summary['images_per_second']:,.0f} images/s" if timed else "")
