@@ -23,6 +23,7 @@ optimizer step, whatever the neighbours do to the images/s. Writes bench/results
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -33,6 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 RESULTS = ROOT / "results" / "ddp.json"
+sys.path.insert(0, str(ROOT))
+
+import common  # noqa: E402
+
 GLOBAL_BATCH = 64
 # (label, how, processes, torch threads per process)
 ONE_PROCESS = ("1 process x 1 thread", "single", 1, 1)
@@ -114,7 +119,7 @@ def allreduce_milliseconds(model: str, folder: Path) -> dict:
             **json.loads(results.read_text())}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="compact28,resnet18",
                         help="comma-separated model names (default: compact28,resnet18)")
@@ -123,28 +128,28 @@ def main() -> int:
     parser.add_argument("--two-thread-baseline", action="store_true",
                         help="also time 1 process x 2 torch threads (see above)")
     parser.add_argument("--source", default="/usr/share/datasets/fashion-mnist")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     models = args.models.split(",")
     layouts = [ONE_PROCESS, DDP] + ([TWO_THREADS] if args.two_thread_baseline else [])
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-ddp-") as tmp:
         data = prepare_train_only(Path(args.source), Path(tmp))
-        best: dict[tuple[str, str], dict] = {}
-        for round_index in range(args.rounds):
-            for model in models:
-                # resnet18 (11.2 M parameters, 45 MB of gradients a step) is ~10x slower.
-                steps = args.steps if model == "compact28" else max(20, args.steps // 10)
-                for layout in layouts:
-                    label, how, processes, threads = layout
-                    out = Path(tmp) / f"{model}-{how}-{processes}x{threads}-{round_index}"
-                    result = run_layout(data, out, model, layout, steps)
-                    result["steps"] = steps
-                    key = (model, label)
-                    if key not in best or (result["images_per_second"]
-                                           > best[key]["images_per_second"]):
-                        best[key] = result
-                    print(f"round {round_index + 1} {model:10s} {label:36s} "
-                          f"{result['images_per_second']:8.0f} images/s", flush=True)
+        numbers = itertools.count()  # a fresh run folder for every run
+
+        def contender(model: str, layout: tuple):
+            # resnet18 (11.2 M parameters, 45 MB of gradients a step) is ~10x slower.
+            steps = args.steps if model == "compact28" else max(20, args.steps // 10)
+            _, how, processes, threads = layout
+
+            def run() -> dict:
+                out = Path(tmp) / f"{model}-{how}-{processes}x{threads}-{next(numbers)}"
+                return {**run_layout(data, out, model, layout, steps), "steps": steps}
+            return run
+        runs = common.interleaved(args.rounds, {
+            f"{model} {layout[0]}": contender(model, layout)
+            for model in models for layout in layouts})
+        best = {(model, layout[0]): common.best_run(runs[f"{model} {layout[0]}"])
+                for model in models for layout in layouts}
         allreduce = {model: allreduce_milliseconds(model, Path(tmp)) for model in models}
     rows = []
     for model in models:
@@ -161,11 +166,11 @@ def main() -> int:
               f"all-reduce {allreduce[model]['median_ms']:.1f} ms "
               f"({allreduce[model]['gradient_megabytes']:.1f} MB) vs a {step_ms:.0f} ms "
               "one-process step")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"global_batch": GLOBAL_BATCH, "rounds": args.rounds,
+    common.write_results(RESULTS, {"command": common.command_line(__file__, argv),
+                                   "global_batch": GLOBAL_BATCH, "rounds": args.rounds,
                                    "cores": os.cpu_count(), "load_average_before": load_before,
                                    "load_average_after": os.getloadavg(),
-                                   "results": rows}, indent=2) + "\n")
+                                   "results": rows})
     print(f"wrote {RESULTS}")
     return 0
 

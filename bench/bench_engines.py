@@ -17,9 +17,7 @@ boxes: what feeding our boxes costs (or saves). Writes bench/results/engines.jso
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +25,8 @@ ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "engines.json"
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
+
+import common  # noqa: E402
 
 WORKERS = 2  # both cores of the build machine, for every contender
 CONTENDERS = {
@@ -43,8 +43,8 @@ def dataset_folder(images: int) -> Path:
     return prepared(photo_folder(images), f"photos-{images // 10}")
 
 
-def child(name: str, data: str, args) -> float:
-    """Images/s of one contender (runs in a fresh process)."""
+def child(name: str, data: str, args) -> dict:
+    """{"images_per_second": ...} of one contender (runs in a fresh process)."""
     import torch
     from turbotrain.datasets import open_dataset
     from turbotrain.pipeline import PipelineOptions, build_pipeline
@@ -60,20 +60,16 @@ def child(name: str, data: str, args) -> float:
     else:
         pipeline = build_pipeline(name, dataset, **options)
     try:
-        return steady_rate(pipeline, warmup=args.warmup, batches=args.batches, device="cpu")
+        return {"images_per_second": steady_rate(pipeline, warmup=args.warmup,
+                                                 batches=args.batches, device="cpu")}
     finally:
         pipeline.close()
 
 
 def run_child(name: str, data: Path, args) -> dict:
-    command = [sys.executable, __file__, "--child", name, "--data", str(data),
-               "--batches", str(args.batches), "--warmup", str(args.warmup),
-               "--batch-size", str(args.batch_size), "--image-size", str(args.image_size)]
-    load = os.getloadavg()[0]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if done.returncode:
-        return {"images_per_second": None, "load": load, "error": done.stderr.strip()[-500:]}
-    return {"images_per_second": float(done.stdout.strip().splitlines()[-1]), "load": load}
+    return common.run_child([__file__, "--child", name, "--data", data,
+                             "--batches", args.batches, "--warmup", args.warmup,
+                             "--batch-size", args.batch_size, "--image-size", args.image_size])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,21 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(child(args.child, args.data, args))
+        common.print_result(child(args.child, args.data, args))
         return 0
 
     data = dataset_folder(args.images)
     names = args.only or list(CONTENDERS)
-    runs: dict[str, list[dict]] = {name: [] for name in names}
-    for round_ in range(args.rounds):
-        for name in names:
-            runs[name].append(run_child(name, data, args))
-            print(f"round {round_ + 1} {name}: {runs[name][-1]}", flush=True)
-    results = {}
-    for name in names:
-        rates = [r["images_per_second"] for r in runs[name] if r["images_per_second"]]
-        results[name] = {"images_per_second": max(rates) if rates else None,
-                         "what": CONTENDERS[name], "runs": runs[name]}
+    runs = common.interleaved(args.rounds, {
+        name: (lambda name=name: run_child(name, data, args)) for name in names})
+    results = {name: {"images_per_second": common.best(runs[name]), "what": CONTENDERS[name],
+                      "runs": runs[name]} for name in names}
     base = results.get("pytorch", {}).get("images_per_second")
     print(f"\n{data}: {args.images} images, batch {args.batch_size}, {args.image_size} px, "
           f"{WORKERS} threads, best of {args.rounds} rounds")
@@ -112,14 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         rate = result["images_per_second"]
         ratio = f"{rate / base:.2f}x" if rate and base else "-"
         print(f"{name:<15} {rate or 0:>9,.0f} {ratio:>11}")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "command": " ".join(["python", "bench/bench_engines.py", *(argv or sys.argv[1:])]),
+    common.write_results(RESULTS, {
+        "command": common.command_line(__file__, argv),
         "cores": len(os.sched_getaffinity(0)), "workers": WORKERS,
         "photos": {"images": args.images, "size": "500x375 q90", "batch_size": args.batch_size,
                    "image_size": args.image_size},
         "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds,
-        "results": results}, indent=2))
+        "results": results})
     print(f"wrote {RESULTS}")
     return 0
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import subprocess
 import sys
@@ -32,6 +31,9 @@ ROOT = Path(__file__).resolve().parent
 CACHE = ROOT / ".cache"
 RESULTS = ROOT / "results" / "pillow.json"
 sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))
+
+import common  # noqa: E402
 
 SIZE = (512, 384)  # width, height: a small photo, as prepare-dataset's default --max-side 512
 OUTPUT = (224, 224)
@@ -115,12 +117,16 @@ def env_with_pillow(folder: Path | None) -> dict:
 def run_child(pythonpath: Path | None, lists: tuple[Path, Path], repeats: int) -> dict:
     env = env_with_pillow(pythonpath)
     env.update(OMP_NUM_THREADS="1", OPENCV_FOR_THREADS_NUM="1")  # one core per side
-    done = subprocess.run([sys.executable, __file__, "--child", str(lists[0]), str(lists[1]),
-                           "--repeats", str(repeats)], capture_output=True, text=True, env=env,
-                          timeout=900, check=False)
-    if done.returncode:
-        raise RuntimeError(f"child failed: {done.stderr.strip()[-500:]}")
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "load": os.getloadavg()[0]}
+    result = common.run_child([__file__, "--child", *lists, "--repeats", repeats], env=env)
+    if "error" in result:  # both sides are needed for the ratios
+        raise RuntimeError(f"child failed: {result['error']}")
+    return result
+
+
+def side_line(r: dict) -> str:
+    return (f"{r['version']}: {r['jpeg_images_per_second']:.0f} JPEG decode+resize/s "
+            f"({r['decode_ms']:.2f} + {r['resize_ms']:.2f} ms), "
+            f"{r['png_prepare_images_per_second']:.0f} PNG prepare/s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,43 +139,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(*args.child, args.repeats)))
+        common.print_result(child(*args.child, args.repeats))
         return 0
 
     from turbotrain.train.info import pillow_build
     import PIL
-    command = " ".join(["python", "bench/bench_pillow.py", *(argv or sys.argv[1:])])
-    RESULTS.parent.mkdir(exist_ok=True)
+    command = common.command_line(__file__, argv)
     if not pillow_build(PIL.__version__).startswith("pillow-simd"):
         why = (f"pillow-simd is not installed here (PIL {PIL.__version__}); "
                "scripts/build_pillow_simd.py builds it")
         print(why)
-        RESULTS.write_text(json.dumps({"command": command, "skipped": why}, indent=2))
+        common.write_results(RESULTS, {"command": command, "skipped": why})
         return 0
     jpegs, pngs = photos(args.images)
     lists = (CACHE / "pillow-jpegs.txt", CACHE / "pillow-pngs.txt")
     for path, files in zip(lists, (jpegs, pngs)):
         path.write_text("\n".join(map(str, files)))
     sides = {"pillow-simd": None, "pillow": plain_pillow(args.plain_version)}
-    runs: dict[str, list[dict]] = {name: [] for name in sides}
-    for round_ in range(args.rounds):  # interleaved: a noisy neighbour hurts both alike
-        for name, pythonpath in sides.items():
-            runs[name].append(run_child(pythonpath, lists, args.repeats))
-            r = runs[name][-1]
-            print(f"round {round_ + 1} {name} {r['version']}: {r['jpeg_images_per_second']:.0f} "
-                  f"JPEG decode+resize/s ({r['decode_ms']:.2f} + {r['resize_ms']:.2f} ms), "
-                  f"{r['png_prepare_images_per_second']:.0f} PNG prepare/s", flush=True)
+    runs = common.interleaved(args.rounds, {
+        name: (lambda path=path: run_child(path, lists, args.repeats))
+        for name, path in sides.items()}, show=side_line)
     results = {}
     for name in sides:
-        best = max(runs[name], key=lambda r: r["jpeg_images_per_second"])
+        best = common.best_run(runs[name], "jpeg_images_per_second")
         results[name] = {
             "pil": pillow_build(best["version"]), "version": best["version"],
             "module": best["module"],
             "jpeg_images_per_second": best["jpeg_images_per_second"],
-            "decode_ms": min(r["decode_ms"] for r in runs[name]),
-            "resize_ms": min(r["resize_ms"] for r in runs[name]),
-            "png_prepare_images_per_second": max(r["png_prepare_images_per_second"]
-                                                 for r in runs[name]),
+            "decode_ms": common.best(runs[name], "decode_ms", lowest=True),
+            "resize_ms": common.best(runs[name], "resize_ms", lowest=True),
+            "png_prepare_images_per_second": common.best(runs[name],
+                                                         "png_prepare_images_per_second"),
             "runs": runs[name]}
     simd, plain = results["pillow-simd"], results["pillow"]
     ratios = {"jpeg_decode_resize": simd["jpeg_images_per_second"]
@@ -189,11 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"pillow-simd / pillow: decode+resize {ratios['jpeg_decode_resize']:.2f}x "
           f"(decode {ratios['decode']:.2f}x, resize {ratios['resize']:.2f}x); "
           f"prepare-dataset on PNGs {ratios['png_prepare']:.2f}x")
-    RESULTS.write_text(json.dumps({
+    common.write_results(RESULTS, {
         "command": command, "images": len(jpegs),
         "size": f"{SIZE[0]}x{SIZE[1]} q90", "output": f"{OUTPUT[0]}x{OUTPUT[1]}",
         "rounds": args.rounds, "repeats": args.repeats, "ratios": ratios,
-        "results": results}, indent=2))
+        "results": results})
     print(f"wrote {RESULTS}")
     return 0
 

@@ -23,9 +23,7 @@ the goal's baseline) and `torchvision_simd` with this venv's pillow-simd (a comp
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +32,9 @@ ROOT = Path(__file__).resolve().parent
 CACHE = ROOT / ".cache"
 RESULTS = ROOT / "results" / "pipelines.json"
 sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))
+
+import common  # noqa: E402
 
 CIFAR_IMAGES = 50_000
 WORKERS = 2  # both cores of the build machine; every contender gets the same
@@ -247,34 +248,23 @@ STOCK_PILLOW_SIDES = {"torchvision"}
 def child(args) -> int:
     import torch
     torch.set_num_threads(1)  # parallelism comes from each loader's own workers/threads
-    print(json.dumps(RUNNERS[args.child](args.child, args.data, args)))
+    common.print_result(RUNNERS[args.child](args.child, args.data, args))
     return 0
 
 
 # -- the parent: data, rounds, table ----------------------------------------------------------------
 def run_one(name: str, data: Path, args, batch_size: int, image_size: int) -> dict:
-    command = [sys.executable, __file__, "--child", name, "--data", str(data),
-               "--batch-size", str(batch_size), "--image-size", str(image_size),
-               "--batches", str(args.batches), "--warmup", str(args.warmup)]
-    load = os.getloadavg()[0]
-    env = dict(os.environ)
+    env = None
     if name in STOCK_PILLOW_SIDES:
         import bench_pillow  # beside this file
         env = bench_pillow.env_with_pillow(bench_pillow.plain_pillow(None))
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
-                              env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {args.timeout} s", "load": load}
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"exit {done.returncode}: {tail}", "load": load}
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["load"] = load
-    return result
+    return common.run_child([__file__, "--child", name, "--data", data,
+                             "--batch-size", batch_size, "--image-size", image_size,
+                             "--batches", args.batches, "--warmup", args.warmup],
+                            timeout=args.timeout, env=env)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=3000, help="photo-like JPEGs (default 3000)")
     parser.add_argument("--batches", type=int, default=100, help="timed batches per run")
@@ -286,7 +276,7 @@ def main() -> int:
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, default=64, help=argparse.SUPPRESS)
     parser.add_argument("--image-size", type=int, default=224, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         return child(args)
 
@@ -295,20 +285,15 @@ def main() -> int:
     data = {"photo_folder": folder, "photos": prepared(folder / "train", folder.name),
             "cifar": prepared(cifar_npz(), "cifar-like")}
     names = args.only or list(CONTENDERS)
-    runs: dict[str, list[dict]] = {name: [] for name in names}
-    for round_ in range(args.rounds):
-        for name in names:
-            kind = CONTENDERS[name][0]
-            batch, size = (512, 32) if kind == "cifar" else (64, 224)
-            result = run_one(name, data[kind], args, batch, size)
-            runs[name].append(result)
-            rate = result.get("images_per_second")
-            print(f"round {round_ + 1} {name:<18} "
-                  + (f"{rate:>10,.0f} img/s" if rate else result["error"])
-                  + f"  (load {result['load']:.2f})", flush=True)
+
+    def contender(name: str):
+        kind = CONTENDERS[name][0]
+        batch, size = (512, 32) if kind == "cifar" else (64, 224)
+        return lambda: run_one(name, data[kind], args, batch, size)
+    runs = common.interleaved(args.rounds, {name: contender(name) for name in names})
 
     def best(name: str, metric: str) -> float | None:
-        return max((r[metric] for r in runs[name] if metric in r), default=None)
+        return common.best(runs[name], metric)
     goals = []
     for ours, theirs, minimum in GOALS:
         if ours in runs and theirs in runs and best(ours, "images_per_second") \
@@ -320,7 +305,7 @@ def main() -> int:
             goal["met"] = goal["ratio_images_per_second"] >= minimum if minimum else None
             goals.append(goal)
     report = {
-        "command": " ".join(["python", "bench/bench_pipelines.py", *sys.argv[1:]]),
+        "command": common.command_line(__file__, argv),
         "cores": len(os.sched_getaffinity(0)), "workers": WORKERS,
         "photos": {"images": args.images, "size": "500x375 q90", "batch_size": 64,
                    "image_size": 224},
@@ -331,8 +316,7 @@ def main() -> int:
                            "what": CONTENDERS[name][1], "runs": runs[name]} for name in names},
         "goals": goals,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    common.write_results(RESULTS, report)
 
     print(f"\n{'contender':<18} {'images/s':>10} {'img/CPU-s':>10}  what (best of {args.rounds})")
     for name in names:

@@ -26,7 +26,6 @@ Writes bench/results/predict.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -39,6 +38,8 @@ REPO = ROOT.parent
 RESULTS = ROOT / "results" / "predict.json"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(ROOT))
+
+import common  # noqa: E402
 
 PREDICT_GOAL = 0.9  # predict's images/s over the eval pipeline's (issue 16)
 LOAD_GOAL_SECONDS = 2.0
@@ -81,9 +82,9 @@ def weights_file(dataset: Path, model: str, image_size: int) -> Path:
 
 
 # -- children -------------------------------------------------------------------------------------
-def child_input(name: str, folder: str, dataset: str, image_size: int, workers: int) -> float:
-    """Images/s of one input path over the whole folder / split (its second pass: the first
-    warms the page cache and the threads)."""
+def child_input(name: str, folder: str, dataset: str, image_size: int, workers: int) -> dict:
+    """{"images_per_second": ...} of one input path over the whole folder / split (its second
+    pass: the first warms the page cache and the threads)."""
     import torch
 
     from turbotrain.datasets import open_dataset
@@ -108,7 +109,7 @@ def child_input(name: str, folder: str, dataset: str, image_size: int, workers: 
     one_pass()
     started = time.perf_counter()
     count = one_pass()
-    return count / (time.perf_counter() - started)
+    return {"images_per_second": count / (time.perf_counter() - started)}
 
 
 def run(argv: list[str], timeout: float = 900) -> tuple[str, float]:
@@ -124,17 +125,12 @@ def turbotrain(*args) -> list[str]:
 
 
 def measure_input(name: str, folder: Path, dataset: Path, size: int, workers: int) -> dict:
-    load = os.getloadavg()[0]
-    try:
-        out, _ = run([sys.executable, __file__, "--child", name, "--folder", str(folder),
-                      "--data", str(dataset), "--size", str(size), "--workers", str(workers)])
-        return {"images_per_second": float(out.strip().splitlines()[-1]), "load": load}
-    except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
-        return {"images_per_second": None, "load": load, "error": str(exc)[-500:]}
+    return common.run_child([__file__, "--child", name, "--folder", folder, "--data", dataset,
+                             "--size", size, "--workers", workers], cwd=REPO)
 
 
 def measure_command(name: str, folder: Path, dataset: Path, weights: Path) -> dict:
-    load = os.getloadavg()[0]
+    load = common.load_average()
     if name == "predict":
         argv = turbotrain("predict", "--weights", weights, folder, "--batch-size", BATCH,
                           "--out", ROOT / ".cache" / "predict-bench.csv")
@@ -160,11 +156,6 @@ def measure_load(weights: Path, image: Path) -> dict:
             "process_seconds": wall, "bytes": weights.stat().st_size}
 
 
-def best(runs: list[dict]) -> float | None:
-    rates = [r["images_per_second"] for r in runs if r.get("images_per_second")]
-    return max(rates) if rates else None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=2000)
@@ -177,42 +168,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(child_input(args.child, args.folder, args.data, args.size, args.workers))
+        common.print_result(child_input(args.child, args.folder, args.data, args.size,
+                                        args.workers))
         return 0
 
     folder, dataset = data(args.images)
     weights = {m: weights_file(dataset, m, COMMAND_SIZE) for m in LOAD_MODELS}
-    inputs = {size: {"predict": [], "eval_pipeline": []} for size in args.image_size}
-    commands = {"predict": [], "eval": []}
-    for round_ in range(args.rounds):
-        for size in args.image_size:
-            for name in inputs[size]:
-                inputs[size][name].append(measure_input(name, folder, dataset, size,
-                                                        args.workers))
-                print(f"round {round_ + 1} input {size} px {name}: {inputs[size][name][-1]}",
-                      flush=True)
-        for name in commands:
-            commands[name].append(measure_command(name, folder, dataset, weights["airbench"]))
-            print(f"round {round_ + 1} command {name}: {commands[name][-1]}", flush=True)
+    contenders = {}
+    for size in args.image_size:
+        for name in ("predict", "eval_pipeline"):
+            contenders[f"input {size} px {name}"] = (
+                lambda name=name, size=size: measure_input(name, folder, dataset, size,
+                                                           args.workers))
+    for name in ("predict", "eval"):
+        contenders[f"command {name}"] = (
+            lambda name=name: measure_command(name, folder, dataset, weights["airbench"]))
+    runs = common.interleaved(args.rounds, contenders)
+    inputs = {size: {name: runs[f"input {size} px {name}"]
+                     for name in ("predict", "eval_pipeline")} for size in args.image_size}
+    commands = {name: runs[f"command {name}"] for name in ("predict", "eval")}
     one_image = next(iter(sorted(folder.rglob("*.jpg"))))
     loads = {m: min((measure_load(w, one_image) for _ in range(args.rounds)),
                     key=lambda r: r["load_seconds"]) for m, w in weights.items()}
 
     results, goals = {"input": {}, "command": {}}, []
-    for size, runs in inputs.items():
-        ours, theirs = best(runs["predict"]), best(runs["eval_pipeline"])
-        ratio = ours / theirs if ours and theirs else None
+    for size, sides in inputs.items():
+        ours, theirs = common.best(sides["predict"]), common.best(sides["eval_pipeline"])
+        ratio = common.ratio(ours, theirs)
         results["input"][str(size)] = {"predict": ours, "eval_pipeline": theirs, "ratio": ratio,
-                                       "runs": runs}
-        goals.append({"what": f"input {size} px: predict / eval pipeline", "ratio": ratio,
-                      "goal": PREDICT_GOAL, "met": None if ratio is None else
-                      ratio >= PREDICT_GOAL})
-    ours, theirs = best(commands["predict"]), best(commands["eval"])
-    ratio = ours / theirs if ours and theirs else None
+                                       "runs": sides}
+        goals.append(common.ratio_goal(f"input {size} px: predict / eval pipeline", ratio,
+                                       PREDICT_GOAL))
+    ours, theirs = common.best(commands["predict"]), common.best(commands["eval"])
+    ratio = common.ratio(ours, theirs)
     results["command"] = {"predict": ours, "eval": theirs, "ratio": ratio, "runs": commands}
-    goals.append({"what": f"command ({COMMAND_SIZE} px airbench): predict / eval",
-                  "ratio": ratio, "goal": PREDICT_GOAL,
-                  "met": None if ratio is None else ratio >= PREDICT_GOAL})
+    goals.append(common.ratio_goal(f"command ({COMMAND_SIZE} px airbench): predict / eval",
+                                   ratio, PREDICT_GOAL))
     slowest = max(r["load_seconds"] for r in loads.values())
     goals.append({"what": f"load a run ({', '.join(LOAD_MODELS)}), seconds",
                   "seconds": slowest, "goal_seconds": LOAD_GOAL_SECONDS,
@@ -228,12 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     for model, r in loads.items():
         print(f"load {model}: {r['load_seconds']:.2f} s ({r['bytes'] / 1e6:.0f} MB), whole "
               f"predict process for one image {r['process_seconds']:.1f} s")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "command": " ".join(["python", "bench/bench_predict.py", *(argv or sys.argv[1:])]),
+    common.write_results(RESULTS, {
+        "command": common.command_line(__file__, argv),
         "cores": len(os.sched_getaffinity(0)), "workers": args.workers, "batch_size": BATCH,
         "images": args.images, "size": "500x375 q90", "rounds": args.rounds,
-        "results": results, "load": loads, "goals": goals}, indent=2))
+        "results": results, "load": loads, "goals": goals})
     print(f"wrote {RESULTS}")
     return 0
 

@@ -1,5 +1,5 @@
 """Time to 90 % on Fashion-MNIST: `turbotrain train` with its defaults against the plain PyTorch
-script a user would write (issue #5; goal: >= 3x faster to the same accuracy).
+script a user would write (issue #5; goal: >= GOAL = 3x faster to the same accuracy).
 
     .venv/bin/python bench/bench_time_to_accuracy.py [--epochs 2] [--rounds 1]
     .venv/bin/python bench/bench_time_to_accuracy.py --quick     # smoke: a 2,000-image slice, ~30 s
@@ -59,8 +59,12 @@ REPO = ROOT.parent
 RESULTS = ROOT / "results" / "time_to_accuracy.json"
 QUICK_RESULTS = ROOT / ".cache" / "time_to_accuracy.quick.json"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(ROOT))
 
+import common  # noqa: E402
 from turbotrain.train.report import read_metrics  # noqa: E402  (after the path insert)
+
+GOAL = 3.0  # plain PyTorch's seconds to the target over turbotrain's (issue #5)
 
 SOURCE = Path("/usr/share/datasets/fashion-mnist")  # Debian package dataset-fashion-mnist
 TARGET = 0.90
@@ -337,15 +341,8 @@ def run_plain_pytorch(source: Path, work: Path, epochs: int, target: float,
 def fastest(runs: list[dict]) -> dict:
     """The round that reached the target soonest (else the last one), with every round's
     seconds kept."""
-    reached = [r for r in runs if r["seconds_to_target"] is not None]
-    best = min(reached, key=lambda r: r["seconds_to_target"]) if reached else runs[-1]
+    best = common.best_run(runs, "seconds_to_target", lowest=True) or runs[-1]
     return {**best, "rounds_seconds_to_target": [r["seconds_to_target"] for r in runs]}
-
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
 
 
 def user_recipe_speedup(user: dict, ours_seconds: float | None) -> dict:
@@ -357,7 +354,7 @@ def user_recipe_speedup(user: dict, ours_seconds: float | None) -> dict:
         return {"speedup_vs_user_recipe": user["seconds_to_target"] / ours_seconds,
                 "speedup_vs_user_recipe_is_lower_bound": False}
     last = user["curve"][-1][0] if user["curve"] else None
-    return {"speedup_vs_user_recipe": ratio(last, ours_seconds),
+    return {"speedup_vs_user_recipe": common.ratio(last, ours_seconds),
             "speedup_vs_user_recipe_is_lower_bound": True}
 
 
@@ -372,7 +369,8 @@ def summary_line(report: dict) -> str:
         return (f"{name} {result['seconds_to_target']:.1f} s ({epochs} "
                 f"epoch{'' if epochs == 1 else 's'}, final {result['final_accuracy']:.2%})")
     speedup = report["speedup"]
-    verdict = (f"speedup {speedup:.2f}x (goal >= 3x, {'met' if speedup >= 3 else 'NOT MET'}); "
+    verdict = (f"speedup {speedup:.2f}x (goal >= {GOAL:g}x, "
+               f"{'met' if speedup >= GOAL else 'NOT MET'}); "
                f"with the {ours['prepare_seconds']:.1f} s prepare: "
                f"{report['speedup_with_prepare']:.2f}x" if speedup else "speedup n/a")
     per_epoch = report.get("speedup_per_epoch")
@@ -427,39 +425,38 @@ def main(argv: list[str] | None = None) -> int:
               "Debian's dataset-fashion-mnist or pass --source", file=sys.stderr)
         return 2
     source = quick_source(QUICK["train"], QUICK["t10k"]) if args.quick else args.source
-    load = os.getloadavg()[0]
-    ours, plain, user = [], [], []
+    load = common.load_average()
     with tempfile.TemporaryDirectory(prefix="bench-tta-") as tmp:
         work = Path(tmp)
+        sides = {
+            "turbotrain": lambda: run_turbotrain(source, work, epochs, target, args.timeout),
+            "plain_pytorch": lambda: run_plain_pytorch(source, work, epochs, target,
+                                                       args.timeout)}
+        if not args.no_user_recipe:
+            sides["plain_pytorch_user_recipe"] = lambda: run_plain_pytorch(
+                source, work, epochs, target, args.timeout, recipe="user")
         try:
-            for round_ in range(args.rounds):
-                ours.append(run_turbotrain(source, work, epochs, target, args.timeout))
-                plain.append(run_plain_pytorch(source, work, epochs, target, args.timeout))
-                if not args.no_user_recipe:
-                    user.append(run_plain_pytorch(source, work, epochs, target, args.timeout,
-                                                  recipe="user"))
-                print(f"round {round_ + 1}: turbotrain {ours[-1]['seconds_to_target']} s, "
-                      f"plain PyTorch {plain[-1]['seconds_to_target']} s"
-                      + (f", with a user's recipe {user[-1]['seconds_to_target']} s" if user
-                         else "") + f" to {target:.0%}", flush=True)
+            runs = common.interleaved(args.rounds, sides, show=lambda r: (
+                f"{r['seconds_to_target']} s to {target:.0%}"))
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             print(f"bench_time_to_accuracy: {e}", file=sys.stderr)
             return 1
+    ours, plain, user = (runs["turbotrain"], runs["plain_pytorch"],
+                         runs.get("plain_pytorch_user_recipe"))
     report = {
-        "command": " ".join(["python", "bench/bench_time_to_accuracy.py",
-                             *(sys.argv[1:] if argv is None else argv)]),
+        "command": common.command_line(__file__, argv),
         "source": str(source), "quick": args.quick, "target": target, "epochs": epochs,
         "train_images": idx_count(source / IDX_FILES["train", "labels"]),
         "test_images": idx_count(source / IDX_FILES["t10k", "labels"]),
         "rounds": args.rounds, "load_average": load,
         "turbotrain": fastest(ours), "plain_pytorch": fastest(plain),
     }
-    report["speedup"] = ratio(report["plain_pytorch"]["seconds_to_target"],
-                              report["turbotrain"]["seconds_to_target"])
-    report["speedup_per_epoch"] = ratio(report["plain_pytorch"]["seconds_per_epoch"],
-                                        report["turbotrain"]["seconds_per_epoch"])
+    report["speedup"] = common.ratio(report["plain_pytorch"]["seconds_to_target"],
+                                     report["turbotrain"]["seconds_to_target"])
+    report["speedup_per_epoch"] = common.ratio(report["plain_pytorch"]["seconds_per_epoch"],
+                                               report["turbotrain"]["seconds_per_epoch"])
     ours_best = report["turbotrain"]
-    report["speedup_with_prepare"] = ratio(
+    report["speedup_with_prepare"] = common.ratio(
         report["plain_pytorch"]["seconds_to_target"],
         None if ours_best["seconds_to_target"] is None
         else ours_best["seconds_to_target"] + ours_best["prepare_seconds"])
@@ -467,8 +464,9 @@ def main(argv: list[str] | None = None) -> int:
         report["plain_pytorch_user_recipe"] = fastest(user)
         report.update(user_recipe_speedup(report["plain_pytorch_user_recipe"],
                                           ours_best["seconds_to_target"]))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    report["goals"] = [common.ratio_goal(f"seconds to {target:.0%}: plain / turbotrain",
+                                         report["speedup"], GOAL)]
+    common.write_results(out, report)
     print(summary_line(report))
     print(f"wrote {out}")
     return 0

@@ -15,7 +15,6 @@ and the best round counts (the machine is shared). Writes bench/results/train_pr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,6 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "train_precision.json"
 sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))
+
+import common  # noqa: E402
 
 SETTINGS = [("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True)]
 
@@ -33,37 +35,41 @@ def build_engine(model_name: str, precision: str, channels_last: bool, num_class
     from turbotrain.train.device import make_grad_scaler
     from turbotrain.train.loop import StepEngine
     from turbotrain.train.models import build_model, get_model_spec
-    from turbotrain.train.schedule import build_optimizer, build_scheduler
+    from turbotrain.train.schedule import LRSchedule, build_optimizer
 
     torch.manual_seed(0)
     model = build_model(get_model_spec(model_name), num_classes)
     model.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     optimizer = build_optimizer(model, name="sgd", lr=0.05, weight_decay=5e-4, momentum=0.9)
-    scheduler = build_scheduler(optimizer, total=1000, warmup=10, kind="cosine")
+    schedule = LRSchedule(total=1000, warmup=10, kind="cosine")
     cpu = torch.device("cpu")
-    return StepEngine(model, optimizer, scheduler, make_grad_scaler(cpu, precision), device=cpu,
+    return StepEngine(model, optimizer, schedule, make_grad_scaler(cpu, precision), device=cpu,
                       precision=precision, accum_steps=1, label_smoothing=0.1,
                       channels_last=channels_last)
 
 
-def time_setting(model_name, size, batch, precision, channels_last, steps) -> float:
-    """Images per second of `steps` training steps after 2 warm-up steps."""
+def label(model_name: str, precision: str, channels_last: bool) -> str:
+    return f"{model_name} {precision} {'channels_last' if channels_last else 'contiguous'}"
+
+
+def time_setting(model_name, size, batch, precision, channels_last, steps) -> dict:
+    """{"images_per_second": ...} of `steps` training steps after 2 warm-up steps."""
     import torch
     engine = build_engine(model_name, precision, channels_last, num_classes=10)
     images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8)
     images = images.contiguous(memory_format=torch.channels_last)  # what pipelines hand over
     labels = torch.randint(0, 10, (batch,))
-    for _ in range(2):
+    for step in range(2):
         engine.micro_step(images, labels, True)
-        engine.optimizer_step()
+        engine.optimizer_step(step)
     start = time.perf_counter()
-    for _ in range(steps):
+    for step in range(2, 2 + steps):
         engine.micro_step(images, labels, True)
-        engine.optimizer_step()
-    return batch * steps / (time.perf_counter() - start)
+        engine.optimizer_step(step)
+    return {"images_per_second": batch * steps / (time.perf_counter() - start)}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="resnet18:64,compact28:28",
                         help="comma-separated NAME:IMAGE_SIZE (default: %(default)s)")
@@ -72,7 +78,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="torch intra-op threads (default: all cores, no loader runs)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
     torch.set_num_threads(args.threads)
@@ -85,13 +91,12 @@ def main() -> int:
     results = []
     for entry in args.models.split(","):
         name, size = entry.split(":")
-        best: dict = {}
-        for _ in range(args.rounds):
-            for precision, channels_last in SETTINGS:
-                rate = time_setting(name, int(size), args.batch_size, precision, channels_last,
-                                    args.steps)
-                key = (precision, channels_last)
-                best[key] = max(best.get(key, 0.0), rate)
+        runs = common.interleaved(args.rounds, {
+            label(name, precision, channels_last): (
+                lambda precision=precision, channels_last=channels_last: time_setting(
+                    name, int(size), args.batch_size, precision, channels_last, args.steps))
+            for precision, channels_last in SETTINGS})
+        best = {setting: common.best(runs[label(name, *setting)]) for setting in SETTINGS}
         base = best[("fp32", False)]
         for (precision, channels_last), rate in best.items():
             results.append({"model": name, "image_size": int(size), "precision": precision,
@@ -100,13 +105,12 @@ def main() -> int:
             print(f"{name:10s} {size:>4s} px  {precision}  "
                   f"{'channels_last' if channels_last else 'contiguous   '}  "
                   f"{rate:8.1f} img/s  x{rate / base:.2f}", flush=True)
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({
+    common.write_results(RESULTS, {
+        "command": common.command_line(__file__, argv),
         "cpu_native_bf16": cpu_has_native_bf16(), "threads": args.threads,
         "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds,
         "host_memory_kept": host_memory_kept,
-        "load_average": os.getloadavg(), "torch": torch.__version__, "results": results},
-        indent=2) + "\n")
+        "load_average": os.getloadavg(), "torch": torch.__version__, "results": results})
     print(f"wrote {RESULTS}")
     return 0
 

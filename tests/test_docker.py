@@ -25,11 +25,11 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from .pyproject_toml import PYPROJECT, pyproject_requirements, read_pyproject
 from .readme_blocks import Block, parse_blocks, parse_commands
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
-PYPROJECT = REPO / "pyproject.toml"
 README = REPO / "README.md"
 DOCKERIGNORE = REPO / ".dockerignore"
 PILLOW_SIMD_SCRIPT = REPO / "scripts" / "build_pillow_simd.py"
@@ -118,12 +118,10 @@ def pip_pins(instructions: list[Instruction]) -> dict[str, str]:
     return pins
 
 
-def pyproject_requirements(pyproject: dict) -> list[Requirement]:
+def every_requirement(pyproject: dict) -> list[Requirement]:
     """Build requirements, dependencies and every extra's."""
-    project = pyproject["project"]
-    texts = [*pyproject["build-system"]["requires"], *project["dependencies"],
-             *(r for extra in project["optional-dependencies"].values() for r in extra)]
-    return [Requirement(text) for text in texts]
+    build = [Requirement(text) for text in pyproject["build-system"]["requires"]]
+    return [*build, *(r for reqs in pyproject_requirements(pyproject).values() for r in reqs)]
 
 
 def pillow_simd_version(script: str) -> str:
@@ -137,7 +135,7 @@ def pin_problems(dockerfile: str, pyproject: dict, pillow_simd: str) -> list[str
     """Where the Dockerfile's pins and pyproject.toml disagree; [] when they agree."""
     instructions = parse_dockerfile(dockerfile)
     pins = pip_pins(instructions)
-    requirements = pyproject_requirements(pyproject)
+    requirements = every_requirement(pyproject)
     problems = []
 
     dali = [r for r in map(Requirement, pyproject["project"]["optional-dependencies"]["dali"])
@@ -182,10 +180,6 @@ def pin_problems(dockerfile: str, pyproject: dict, pillow_simd: str) -> list[str
             problems.append(f"base image {image} has torch {tag['torch']}, pyproject.toml "
                             f"asks {requirement}")
     return problems
-
-
-def read_pyproject() -> dict:
-    return tomllib.loads(PYPROJECT.read_text())
 
 
 # --------------------------------------------------------------------------- hadolint

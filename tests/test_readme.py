@@ -29,7 +29,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -41,6 +40,7 @@ from packaging.requirements import Requirement
 
 from turbotrain.train.report import read_metrics
 
+from .pyproject_toml import pyproject_requirements, read_pyproject
 from .readme_blocks import Block, Command, parse_blocks, parse_commands
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,8 +210,7 @@ def verify_make(command: Command, box: Sandbox) -> None:
         assert '"-m", "turbotrain", "demo"' in demo_test and "--train-per-class" in demo_test
     elif target == "test":
         assert last == ".venv/bin/python -m pytest -q", result.stdout
-        testpaths = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"][
-            "ini_options"]["testpaths"]
+        testpaths = read_pyproject()["tool"]["pytest"]["ini_options"]["testpaths"]
         assert testpaths == ["tests"]  # so `make test` runs this file too
     elif target == "bench":
         assert last == ".venv/bin/python bench/run_all.py", result.stdout
@@ -219,13 +218,6 @@ def verify_make(command: Command, box: Sandbox) -> None:
     elif target == "gpu-check":  # needs a GPU; tests/pipeline/test_parity.py runs its smoke form
         assert last.split()[1:] == ["bench/gpu_check.py", "--all"], result.stdout
         assert "install" not in result.stdout.replace("gpu_check", "")  # installs nothing
-
-
-def pyproject_requirements() -> dict[str, list[Requirement]]:
-    """{"": the dependencies, EXTRA: that extra's} from pyproject.toml."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    groups = {"": project["dependencies"], **project["optional-dependencies"]}
-    return {name: [Requirement(r) for r in reqs] for name, reqs in groups.items()}
 
 
 def verify_pip(command: Command, box: Sandbox) -> None:
@@ -439,6 +431,9 @@ def check_info(ran: Ran) -> None:
     """"versions, CPU features, GPUs, usable pipelines, and what train would pick here"."""
     for heading in ("versions:", "CPU:", "GPUs:", "pipelines:", "train would pick:"):
         assert re.search(rf"^{heading}", ran.stdout, re.M), (heading, ran.stdout)
+    if "--machine" in ran.argv:  # "what train would pick on another machine"
+        name = ran.argv[ran.argv.index("--machine") + 1]
+        assert re.search(rf"^machine: {re.escape(name)}: ", ran.stdout, re.M), ran.stdout
 
 
 def check_torchrun(ran: Ran) -> None:
@@ -525,7 +520,7 @@ RULES = [
     Rule(r"turbotrain export --run runs/ft --format \w+", setup=finished_run("runs/ft"),
          check=check_export),
     Rule(r"turbotrain tune --data OUT( .*)?", append=TUNE_SMALL, check=check_tune),
-    Rule(r"turbotrain info", check=check_info),
+    Rule(r"turbotrain info( --data \S+)?( --machine \S+)?", check=check_info),
     Rule(r"torchrun .*-m turbotrain train .*", append=TRAIN_SMALL_DDP, check=check_torchrun),
 ]
 

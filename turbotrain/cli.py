@@ -18,6 +18,7 @@ import signal
 import sys
 
 from . import __version__
+from .datasets.format import SMALL_IMAGE_MAX_SIDE
 from .datasets.untrusted import Limits
 
 EXIT_USAGE = 2
@@ -41,7 +42,8 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
                                   "folder, .npz, or a CSV/TSV of path,label")
     p.add_argument("out", help="output folder (dataset.json + one .beton per split)")
     p.add_argument("--encoding", choices=["auto", "jpeg", "raw"], default="auto",
-                   help="auto: raw pixels for images <= 64 px, JPEG otherwise (default)")
+                   help=f"auto: raw pixels for images <= {SMALL_IMAGE_MAX_SIDE} px, JPEG "
+                        "otherwise (default)")
     p.add_argument("--max-side", type=int, default=512,
                    help="downsize so the longest side is at most N px; 0 keeps it (default 512)")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality when re-encoding")

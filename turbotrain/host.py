@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 # cgroup v2 and v1 files holding a container's memory limit and use.
@@ -36,3 +37,47 @@ def _mem_available() -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on: its affinity, which taskset, cgroups and Slurm set
+    (os.cpu_count() counts the whole machine). The one core count; train/plan's Machine divides
+    it between the ranks of a node."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def ranks_on_this_node() -> int:
+    """Processes of this job on this machine: torchrun's LOCAL_WORLD_SIZE, else 1."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str
+    flags: frozenset[str]  # the first processor's feature flags (avx512_bf16, amx_tile, ...)
+    read: bool  # False off Linux: /proc/cpuinfo could not be read, so `flags` says nothing
+
+
+def cpu_info(path: str = "/proc/cpuinfo") -> CpuInfo:
+    """The CPU's model name and feature flags: the one reader of /proc/cpuinfo."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        text = ""
+    model, flags = "", frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = frozenset(value.split())
+        if model and flags:
+            break
+    return CpuInfo(model or "unknown", flags, bool(text))

@@ -27,7 +27,9 @@ def fake_results(folder: Path) -> None:
         (folder / f"{name}.json").write_text(json.dumps(data))
     folder.mkdir(parents=True, exist_ok=True)
     write("prepare", {"images": 300, "turbotrain_images_per_second": 1234.0,
-                      "ffcv_images_per_second": 617.0, "speedup": 2.0})
+                      "ffcv_images_per_second": 617.0, "speedup": 2.0,
+                      "goals": [{"what": "prepare-dataset / FFCV DatasetWriter", "ratio": 2.0,
+                                 "goal": 1.5, "met": True}]})
     write("pipelines", {
         "command": ".venv/bin/python bench/bench_pipelines.py --rounds 3", "workers": 2,
         "rounds": 3, "photos": {"images": 300, "size": "500x375 q90", "batch_size": 64,
@@ -99,7 +101,9 @@ def fake_results(folder: Path) -> None:
             "images_per_second": 455.0, "seconds_per_epoch": 139.0, "process_seconds": 425.0,
             "curve": [[139.0, 0.84], [278.0, 0.888], [417.0, 0.8986]],
             "settings": {"recipe": "a user's usual: Adam lr 1e-3"}},
-        "speedup_vs_user_recipe": 5.117, "speedup_vs_user_recipe_is_lower_bound": True})
+        "speedup_vs_user_recipe": 5.117, "speedup_vs_user_recipe_is_lower_bound": True,
+        "goals": [{"what": "seconds to 90%: plain / turbotrain", "ratio": 3.456, "goal": 3.0,
+                   "met": True}]})
     write("ddp", {"global_batch": 64, "rounds": 2, "cores": 2, "results": [
         {"model": "compact28", "layout": "1 process x 1 thread", "processes": 1,
          "images_per_second": 1000.0, "data_wait_fraction": 0.005},
@@ -238,7 +242,7 @@ def test_report_gpu_table_when_gpu_check_ran_on_cuda(tmp_path):
                  {"pipeline": "pytorch", "alone": 1200.0, "train": 1100.0, "of_bound": 0.367},
                  {"pipeline": "ffcv", "error": "RuntimeError: no"}],
         "checks": [{"check": "dali on cuda", "ok": True, "detail": "labels equal"}],
-        "notes": ["simplejpeg is MISSING"],
+        "notes": ["simplejpeg is MISSING"], "pipeline_goal": 0.95,
         "goals": [{"goal": "train defaults on dali >= 95% of the synthetic bound",
                    "measured": "2,950 / 3,000 images/s = 98.3%", "verdict": "met"}]}))
     text = render(tmp_path)

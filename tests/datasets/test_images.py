@@ -201,6 +201,25 @@ def test_jpeg_decompression_bomb_is_refused_from_the_header(photo_jpeg):
         encode(bytes(huge))
 
 
+def test_pil_limit_is_ours_while_decoding_and_the_callers_after(monkeypatch):
+    """Importing or calling turbotrain leaves a library user's PIL limit as it was; inside
+    encode_sample PIL's own bomb check (in Image.open, before any pixel is decoded) uses ours."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1234)  # the user's setting
+    seen = []
+    real_open = Image.open
+
+    def spying_open(*args, **kwargs):
+        seen.append(Image.MAX_IMAGE_PIXELS)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", spying_open)
+    encode(saved(photo(), "PNG"))  # 187,500 pixels: over the user's limit, not ours
+    assert seen == [images.PIL_MAX_PIXELS] and Image.MAX_IMAGE_PIXELS == 1234
+    with pytest.raises(ImageError, match="decompression bomb: 400 Mpx"):  # raised by PIL
+        encode(png_with_declared_size(20000, 20000))
+    assert Image.MAX_IMAGE_PIXELS == 1234
+
+
 def test_max_pixels_applies_to_every_path(monkeypatch, photo_jpeg):
     monkeypatch.setattr(images, "MAX_PIXELS", 100 * 100)
     for data in (photo_jpeg, saved(photo(), "PNG")):

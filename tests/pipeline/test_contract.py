@@ -205,3 +205,25 @@ def test_each_pipeline_delivers_the_contract_on_cuda(name, split):
                                                                    batches["cpu"]):
         assert torch.equal(gpu_labels, cpu_labels)
         assert (gpu_images - cpu_images).abs().mean() < 6
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_closed_pipelines_give_cv2_its_threads_back(name, split):
+    """cv2's thread count is the whole process's (turbotrain may be a library in someone's
+    program): a pipeline whose threads decode sets one cv2 thread while it lives, and the last
+    one closed gives the process's own count back."""
+    import cv2
+    kind, dataset, size = split
+    # Decode threads for the pipeline's life: pytorch's, resident's photo crops on the CPU.
+    holds = name == "pytorch" or (name == "resident" and kind == "photo")
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(3)  # the user's setting
+    try:
+        with build(name, dataset, **options(size)) as train:
+            with build(name, dataset, **options(size, train=False)) as val:
+                run_epoch(train, limit=1)
+                run_epoch(val, limit=1)
+            assert cv2.getNumThreads() == (1 if holds else 3)  # train still open
+        assert cv2.getNumThreads() == 3
+    finally:
+        cv2.setNumThreads(before)

@@ -148,7 +148,7 @@ def read_like_prepare(source_path: Path) -> None:
 
 def fuzz(workdir: Path, rounds: int, seed: int) -> dict:
     from turbotrain.datasets import images
-    images.MAX_PIXELS = Image.MAX_IMAGE_PIXELS = FUZZ_MAX_PIXELS
+    images.MAX_PIXELS = images.PIL_MAX_PIXELS = FUZZ_MAX_PIXELS
     problems, cases = [], 0
     for k, (kind, make) in enumerate(KINDS.items()):
         folder = workdir / kind.replace(".", "_")

@@ -124,6 +124,8 @@ def test_a_foreign_torch_checkpoint_is_one_line(case):
     ("counters", "TypeError: Counters.__init__() got an unexpected keyword argument 'bogus'"),
     ("momentum", "ValueError: optimizer momentum_buffer of shape"),
     ("rng", "ValueError: numpy RNG key of shape (3,)"),
+    ("peak_lr", "ValueError: optimizer parameter group without a peak LR (initial_lr 'x')"),
+    ("timing", "TypeError: timing 'steps' is 'x'"),
 ])
 def test_a_checkpoint_with_the_right_keys_but_wrong_values_is_one_line(case, damage, reason):
     state = case.state()
@@ -132,6 +134,10 @@ def test_a_checkpoint_with_the_right_keys_but_wrong_values_is_one_line(case, dam
     elif damage == "momentum":
         first = next(iter(state["optimizer"]["state"].values()))
         first["momentum_buffer"] = torch.zeros(7, 7, 7)
+    elif damage == "peak_lr":  # what the LR schedule scales (schedule.PEAK_LR)
+        state["optimizer"]["param_groups"][0]["initial_lr"] = "x"
+    elif damage == "timing":  # the step-timing ledger (ledger.py)
+        state["timing"]["steps"] = "x"
     else:
         state["rng"]["numpy"]["state"]["key"] = torch.tensor([1, 2, 3])
     torch.save(state, case.checkpoint)

@@ -59,6 +59,31 @@ def test_trial_steps_recover_from_out_of_memory(monkeypatch):
         trial.fits(8)
 
 
+def test_trial_steps_are_the_trainers_step_and_recover_mid_step(monkeypatch):
+    """The trial runs the trainer's StepEngine (loop.make_engine), under fp16 with its live
+    GradScaler. An out-of-memory error inside the optimizer step, after the scaler unscaled the
+    gradients, must not leave that scaler half-way: its next step would skip unscaling the
+    next trial's gradients. The recovery starts a fresh one."""
+    from turbotrain.train.loop import StepEngine
+    trial = bf.TrialSteps(tiny_model, image_size=16, num_classes=4, device=CPU,
+                          precision="fp16", channels_last=True, optimizer="sgd")
+    assert isinstance(trial.engine, StepEngine) and trial.engine.scaler.is_enabled()
+    monkeypatch.setattr(bf, "release_memory", lambda device: None)
+    optimizer, scaler = trial.engine.optimizer, trial.engine.scaler
+    real_step = optimizer.step
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    optimizer.step = out_of_memory
+    assert not trial.fits(8)
+    assert scaler._per_optimizer_states[id(optimizer)]["stage"].name == "UNSCALED"
+    optimizer.step = real_step
+    assert trial.engine.scaler is not scaler and trial.fits(8)
+    assert all(p.grad is None for p in optimizer.param_groups[0]["params"])
+    assert trial.trials == [(8, False), (8, True)]
+
+
 def test_cpu_estimate_grows_with_pixels_and_respects_the_budget():
     fixed, small = bf.estimate_cpu_bytes(tiny_model, image_size=16, precision="fp32",
                                          channels_last=True, optimizer="sgd")
@@ -91,10 +116,10 @@ class _TrialWithRoomFor40:
         pass
 
 
-def test_cuda_search_gets_an_indexed_device(monkeypatch):
-    """`train --batch-size auto` passes torch.device("cuda"); torch's memory cap wants an index
-    (issue 14: ValueError "Expected a torch.device with a specified index ... got:cuda").
-    The CUDA calls are replaced by fakes that check their arguments as torch does."""
+def fake_cuda_memory_cap(monkeypatch, cap: float | None) -> list:
+    """torch.cuda's memory-cap calls replaced by fakes that check their arguments as torch
+    does; `cap`: the fraction the program set before (None: a torch without the getter).
+    Returns the list of (fraction, device) each set call gets."""
     from types import SimpleNamespace
 
     from torch.cuda._utils import _get_device_index
@@ -105,18 +130,46 @@ def test_cuda_search_gets_an_indexed_device(monkeypatch):
         assert isinstance(fraction, float) and 0 <= fraction <= 1
         capped.append((fraction, device))
 
+    def get_fraction(device):
+        _get_device_index(device)
+        return cap
+
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(total_memory=80 * 2**30))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+    if cap is None:
+        monkeypatch.delattr(torch.cuda, "get_per_process_memory_fraction", raising=False)
+    else:
+        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", get_fraction)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", _get_device_index)
     monkeypatch.setattr(bf, "TrialSteps", _TrialWithRoomFor40)
+    return capped
+
+
+def test_cuda_search_gets_an_indexed_device(monkeypatch):
+    """`train --batch-size auto` passes torch.device("cuda"); torch's memory cap wants an index
+    (issue 14: ValueError "Expected a torch.device with a specified index ... got:cuda")."""
+    capped = fake_cuda_memory_cap(monkeypatch, 1.0)
     fit = bf.find_batch_size(tiny_model, num_classes=4, image_size=16,
                              device=torch.device("cuda"), precision="bf16",
                              channels_last=True, limit=512)
     assert fit.batch_size == 40 and "on cuda:0 within 90% of its 80 GiB" in fit.how
     assert [device for _, device in capped] == [torch.device("cuda", 0)] * 2
     assert [fraction for fraction, _ in capped] == [0.9, 1.0]  # the cap, then lifted
+
+
+@pytest.mark.parametrize("cap, after", [(0.5, 0.5), (None, 1.0)])
+def test_cuda_search_gives_a_programs_cap_back(monkeypatch, cap, after):
+    """A cap the program set (say to share the GPU) bounds the search and is set again after
+    it; a torch without get_per_process_memory_fraction gets its default, 1.0, back."""
+    capped = fake_cuda_memory_cap(monkeypatch, cap)
+    fit = bf.find_batch_size(tiny_model, num_classes=4, image_size=16,
+                             device=torch.device("cuda"), precision="bf16",
+                             channels_last=True, limit=512)
+    searched = 0.9 if cap is None else min(cap, 0.9)
+    assert [fraction for fraction, _ in capped] == [searched, after]
+    assert f"within {searched:.0%} of its 80 GiB" in fit.how
 
 
 @pytest.mark.cuda

@@ -66,7 +66,7 @@ def test_each_cuda_decision_gives_its_gpu_reason():
     from types import SimpleNamespace
 
     from turbotrain.train.builder import threads_after_pipeline
-    from turbotrain.train.resolve import auto_batch_size
+    from turbotrain.train.plan.rules import auto_batch_size
     precision = dev.choose_precision("auto", CUDA, H200)
     assert precision.value == "bf16"
     assert precision.reason.startswith("NVIDIA H200: compute capability 9.0 >= 8.0")

@@ -90,6 +90,27 @@ def test_slow_pipeline_is_input_bound(train_cli, tiny_dataset, tmp_path):
     assert all(r["peak_host_memory_bytes"] > 0 for r in steps)
 
 
+def test_the_summary_and_the_verdict_read_one_ledger(train_cli, tiny_dataset, tmp_path):
+    """summary.json's data-wait fraction and images/s are the verdict's, for a resumed run too:
+    they were booked twice, the summary's over the whole run (saved in the checkpoint) and the
+    verdict's over the last process only, and could disagree."""
+    out = tmp_path / "run"
+    flags = ("--data", tiny_dataset, "--out", out, "--epochs", 2, "--batch-size", 16,
+             "--threads", 1, "--workers", 0, "--pipeline", "test-slow", "--log-every", 2)
+    code, _, err = train_cli(*flags, "--max-steps", 6)
+    assert code == 0, err
+    first = _summary(out)["diagnosis"]["numbers"]
+    code, _, err = train_cli(*flags, "--resume", "--max-steps", 12)
+    assert code == 0, err
+    summary = _summary(out)
+    numbers = summary["diagnosis"]["numbers"]
+    assert numbers["data_wait_fraction"] == round(summary["data_wait_fraction"], 4) > 0.2
+    assert numbers["images_per_second"] == summary["images_per_second"]
+    assert numbers["timed_steps"] > first["timed_steps"]  # the whole run's steps
+    assert summary["data_wait_seconds"] == pytest.approx(summary["data_wait_fraction"]
+                                                         * summary["timed_seconds"])
+
+
 def test_heavy_model_on_tiny_data_is_compute_bound(train_cli, tiny_dataset, tmp_path):
     # On the default device. A GPU runs ResNet-9 on 16 images of 16 px in microseconds, so the
     # step there would wait for kernel launches (host-bound, rightly): it gets 32 images of

@@ -48,3 +48,33 @@ def test_says_what_it_did():
     assert reason and "\n" not in reason
     if sys.platform.startswith("linux"):
         assert applied
+
+
+LIBRARY_PROBE = """
+import sys
+sys.path.insert(0, {root!r})
+from turbotrain.train import host_memory
+import turbotrain.train.builder  # what train() runs
+print(host_memory.decision()[0])
+"""
+
+
+def test_a_library_user_keeps_glibc_defaults():
+    """Only the train command changes the process's allocator; the run's printed decision says
+    when it did not."""
+    out = subprocess.run([sys.executable, "-c", LIBRARY_PROBE.format(root=str(REPO))],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    from turbotrain.train.host_memory import _NOT_ASKED
+    assert "train command" in _NOT_ASKED[1].replace("`", "")
+
+
+def test_the_train_command_applies_it(monkeypatch):
+    from turbotrain.train import cli, host_memory, trainer
+    calls = []
+    monkeypatch.setattr(host_memory, "_outcome", None)
+    monkeypatch.setattr(trainer, "train", lambda config: calls.append(host_memory.decision()))
+    parser = cli.argparse.ArgumentParser()
+    cli.add_train_arguments(parser)
+    assert cli.run_train(parser.parse_args(["--data", "somewhere"])) == 0
+    assert calls == [host_memory.keep_freed_memory()]  # applied before train() started

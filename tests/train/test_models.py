@@ -98,7 +98,7 @@ def test_auto_image_size_counts_the_images_on_cuda(count, side, device, expected
     (224, "cuda", None, None, 256, False)])
 def test_auto_batch_leaves_a_small_set_enough_steps(size, device, samples, epochs, expected,
                                                     halved):
-    from turbotrain.train.resolve import MIN_RUN_STEPS, auto_batch_size
+    from turbotrain.train.plan.rules import MIN_RUN_STEPS, auto_batch_size
     batch, reason = auto_batch_size(size, device, samples, epochs)
     assert batch == expected and ("halved" in reason) == halved
     if samples is not None and batch > 32:

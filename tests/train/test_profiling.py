@@ -1,4 +1,4 @@
-"""Step timing, the --profile trace and the timeline picture."""
+"""Step timing, the timing ledger, the --profile trace and the timeline picture."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from turbotrain.train.profiling import DATA_RANGE, StepClock, StepTime
+from turbotrain.train.ledger import MAX_PROBES, StepLedger
+from turbotrain.train.profiling import DATA_RANGE, StepClock, StepTime, WindowTimes
 from turbotrain.train.timeline import StepTimeline
 
 from .conftest import FAST
@@ -60,6 +61,37 @@ def test_step_clock_on_cuda_times_with_events_and_never_synchronises(monkeypatch
     assert window.host_issue_fraction == pytest.approx(1.0, abs=0.05)
     # Steps 2 and 3: the GPU sat idle from the previous step's end to this batch's arrival.
     assert all(0.02 <= s.data_wait < 0.05 and s.compute >= 0.005 for s in window.steps[1:])
+
+
+def test_the_ledger_books_windows_and_survives_a_checkpoint():
+    ledger = StepLedger()
+    ledger.book_warmup(3.0)  # never in a rate
+    ledger.book(WindowTimes(2.0, [StepTime(1, 0.5, 1.2), StepTime(2, 0.3, 0.9)], 0.5), 64,
+                data_wait=0.8)
+    ledger.book(WindowTimes(0.001), 0, data_wait=0.0)  # an empty window: nothing ran
+    ledger.book(WindowTimes(1.0, [StepTime(3, 0.1, 0.8)], 0.7), 32, data_wait=0.4)  # rank max
+    assert (ledger.seconds, ledger.steps, ledger.images) == (3.0, 3, 96)
+    assert ledger.data_wait == pytest.approx(1.2) and ledger.compute == pytest.approx(2.9)
+    assert ledger.images_per_second == 32 and ledger.data_wait_fraction == pytest.approx(0.4)
+    assert ledger.mean_step_seconds == 1.0 and ledger.host_issue_fraction == 0.7
+    assert StepLedger.from_state(ledger.state_dict()) == ledger
+    for _ in range(3 * MAX_PROBES):  # one probe per window, thinned on a long run
+        ledger.book(WindowTimes(1.0, [StepTime(4, 0.0, 1.0)], 0.9), 1, data_wait=0.0)
+    assert len(ledger.host_issue_probes) <= MAX_PROBES and ledger.host_issue_fraction == 0.9
+    with pytest.raises(ValueError):
+        StepLedger.from_state({**ledger.state_dict(), "seconds": float("nan")})
+    with pytest.raises(TypeError):
+        StepLedger.from_state({**ledger.state_dict(), "steps": 2.5})
+
+
+def test_a_checkpoint_from_before_the_ledger_gives_its_counters_sums():
+    """Its counters held timed_seconds/_data_wait/_steps/_images and warmup_seconds, and no
+    compute: the timed time that was not data wait is taken for compute."""
+    ledger = StepLedger.from_legacy_counters({
+        "step": 40, "timed_seconds": 10.0, "timed_data_wait": 2.5, "timed_steps": 38,
+        "timed_images": 1216, "warmup_seconds": 4.0})
+    assert ledger == StepLedger(seconds=10.0, data_wait=2.5, compute=7.5, steps=38,
+                                images=1216, warmup_seconds=4.0)
 
 
 def test_timeline_stays_bounded_and_keeps_every_step():

@@ -83,3 +83,63 @@ def test_sigterm_checkpoints_then_resume_finishes_the_same(uninterrupted, tiny_d
     assert 3 <= stopped_at < TOTAL_STEPS
     _run_to_end("--out", run_dir, "--resume")
     assert step_losses(run_dir) == step_losses(uninterrupted)
+
+
+def _resume_as_older(uninterrupted, tiny_dataset, run_dir, make_older) -> None:
+    """Stops a run with SIGTERM after 3 logged steps, rewrites its checkpoint as an older
+    trainer wrote it (`make_older(state)` changes the state in place), resumes it to the end
+    and checks that it logged the uninterrupted run's losses."""
+    from turbotrain.train.checkpoint import save_atomic
+    uninterrupted, args = uninterrupted
+    proc = train_subprocess("--data", tiny_dataset, "--out", run_dir, *args)
+    signal_when(lambda: logged_steps(run_dir) >= 3, proc, signal.SIGTERM)
+    path = checkpoint_path(run_dir)
+    state = torch.load(path, weights_only=True)
+    make_older(state)
+    save_atomic({k: v for k, v in state.items() if k != "format_version"}, path)
+    _run_to_end("--out", run_dir, "--resume")
+    assert step_losses(run_dir) == step_losses(uninterrupted)
+
+
+def test_a_checkpoint_with_a_scheduler_entry_resumes_the_same(uninterrupted, tiny_dataset,
+                                                              tmp_path):
+    """Checkpoints written while the LR came from a LambdaLR hold its state under "scheduler";
+    the LR is now a function of the step counter, so they resume as they are, the entry
+    unread, with the same LRs and losses."""
+    def with_a_scheduler(state):
+        assert "scheduler" not in state  # nothing to save any more
+        step = state["counters"]["step"]
+        state["scheduler"] = {  # what LambdaLR.state_dict() held, the multiplier's fields too
+            "base_lrs": [g["initial_lr"] for g in state["optimizer"]["param_groups"]],
+            "last_epoch": step, "_step_count": step + 1, "_is_initial": False,
+            "_get_lr_called_within_step": False, "_last_lr": [0.0, 0.0],
+            "lr_lambdas": [{"total": TOTAL_STEPS, "kind": "cosine", "warmup": 2}] * 2}
+
+    run_dir = tmp_path / "old"
+    _resume_as_older(uninterrupted, tiny_dataset, run_dir, with_a_scheduler)
+    lrs = [{r["step"]: r["lr"] for r in read_jsonl(d / "metrics.jsonl") if r["kind"] == "step"}
+           for d in (run_dir, uninterrupted[0])]
+    assert lrs[0] == lrs[1]
+
+
+def test_a_checkpoint_from_before_the_timing_ledger_resumes_the_same(uninterrupted, tiny_dataset,
+                                                                    tmp_path):
+    """Checkpoints written before the step-timing ledger (ledger.py) hold its sums as counters
+    (timed_seconds, ...) and no "timing" entry; they resume as they are, with the same losses,
+    and the summary's timing still counts the steps timed before the stop."""
+    old = {}
+
+    def with_timing_counters(state):
+        timing = state.pop("timing")
+        old.update(timed_seconds=timing["seconds"], timed_images=timing["images"],
+                   timed_steps=timing["steps"], timed_data_wait=timing["data_wait"],
+                   warmup_seconds=timing["warmup_seconds"])
+        assert old["timed_steps"] >= 1 and old["timed_data_wait"] > 0
+        state["counters"].update(old)
+
+    run_dir = tmp_path / "old"
+    _resume_as_older(uninterrupted, tiny_dataset, run_dir, with_timing_counters)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["diagnosis"]["numbers"]["timed_steps"] > old["timed_steps"]
+    assert summary["data_wait_seconds"] > old["timed_data_wait"]
+    assert summary["warmup_seconds"] > old["warmup_seconds"]  # the resumed process's warm-up

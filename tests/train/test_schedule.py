@@ -1,13 +1,16 @@
 """Parameter groups, LR scaling, warm-up + decay, and the EMA."""
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
 from torch import nn
 
 from turbotrain.train.ema import ModelEMA
-from turbotrain.train.schedule import (WarmupDecay, auto_warmup_steps, build_optimizer,
-                                       param_groups, scaled_lr)
+from turbotrain.train.schedule import (PEAK_LR, SCHEDULES, LRSchedule, auto_warmup_steps,
+                                       build_optimizer, lr_at, param_groups, scaled_lr)
 
 
 def test_no_weight_decay_on_norms_and_biases():
@@ -27,8 +30,7 @@ def test_lr_scales_with_the_global_batch():
 
 @pytest.mark.parametrize("kind", ["cosine", "linear"])
 def test_warmup_then_decay_to_zero(kind):
-    schedule = WarmupDecay(total=100, warmup=10, kind=kind)
-    factors = [schedule(step) for step in range(101)]
+    factors = [lr_at(step, total=100, warmup=10, kind=kind) for step in range(101)]
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
     assert all(a <= b for a, b in zip(factors[:10], factors[1:10]))  # rising
     assert all(a >= b for a, b in zip(factors[10:], factors[11:]))  # falling
@@ -38,9 +40,57 @@ def test_warmup_then_decay_to_zero(kind):
 
 
 def test_onecycle_peaks_at_a_quarter():
-    schedule = WarmupDecay(total=100, warmup=0, kind="onecycle")
-    factors = [schedule(step) for step in range(100)]
+    factors = [lr_at(step, total=100, warmup=0, kind="onecycle") for step in range(100)]
     assert max(range(100), key=factors.__getitem__) == 24
+
+
+def test_an_unknown_schedule_lists_the_choices():
+    with pytest.raises(ValueError, match="choose one of: cosine, linear, onecycle"):
+        LRSchedule(total=10, warmup=1, kind="step")
+
+
+class _LambdaLRMultiplier:
+    """The multiplier the trainer gave torch's LambdaLR until the schedule became a function of
+    the step (issue 15), kept verbatim as the reference the new one must repeat exactly."""
+
+    def __init__(self, *, total: int, warmup: int, kind: str):
+        self.total = max(1, total)
+        self.kind = kind
+        self.warmup = max(1, round(0.25 * self.total)) if kind == "onecycle" else max(0, warmup)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        span = max(1, self.total - self.warmup)
+        progress = min(1.0, (step - self.warmup) / span)
+        if self.kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress
+
+
+def _scaled_groups(model: nn.Module) -> list[dict]:
+    """Groups with their own LRs, as --layer-decay and the fine-tuning recipe make them."""
+    return [{"params": [model.weight], "lr": 0.4}, {"params": [model.bias], "lr": 0.4 * 0.65**3}]
+
+
+@pytest.mark.parametrize("kind, total, warmup", list(itertools.product(
+    SCHEDULES, (1, 7, 100, 937), (0, 1, 5, 50, 2000))))
+def test_the_same_lrs_as_the_lambdalr_it_replaced(kind, total, warmup):
+    """Every group's LR at every step, to the bit, as LambdaLR stepped after each optimizer step
+    gave it: resumed runs and the documented results stay the same."""
+    old_model, new_model = nn.Linear(3, 2), nn.Linear(3, 2)
+    old = torch.optim.SGD(_scaled_groups(old_model), lr=0.4, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        old, _LambdaLRMultiplier(total=total, warmup=warmup, kind=kind))
+    new = build_optimizer(new_model, name="sgd", lr=0.4, weight_decay=0.0, momentum=0.9,
+                          groups=_scaled_groups(new_model))
+    schedule = LRSchedule(total=total, warmup=warmup, kind=kind)
+    for step in range(total + 3):
+        schedule.apply(new, step)
+        assert [g["lr"] for g in new.param_groups] == [g["lr"] for g in old.param_groups], step
+        old.step()
+        scheduler.step()
+    assert [g[PEAK_LR] for g in new.param_groups] == [0.4, 0.4 * 0.65**3]
 
 
 def test_auto_warmup():

@@ -126,3 +126,31 @@ def test_info_says_which_pil_runs(cli):
 ])
 def test_pillow_build_tells_pillow_simd_from_pillow(version, expected):
     assert pillow_build(version).startswith(expected)
+
+
+def test_tune_recommends_a_resident_batch_that_leaves_room_for_the_store(tiny_dataset,
+                                                                         monkeypatch):
+    """tune searched with its own copy of train's batch rule, without the resident store's
+    reserve: on a device with room for the store and 20 images it recommended 30 (the room of
+    the step alone), which left none for the store. It now asks train's plan for the search."""
+    import argparse
+
+    from turbotrain.train.tune import Sweep
+    args = argparse.Namespace(data=tiny_dataset, model="auto", image_size=None, device="cpu",
+                              precision="auto", optimizer="sgd", global_batch_size=None,
+                              pipeline=None, workers=None, budget_seconds=1.0)
+    sweep = Sweep(args)
+    assert sweep.plan.config.pipeline == "resident"
+    store = sweep.facts.resident_bytes(sweep.image_size)
+    per_image = store // 10
+    capacity = store + 20 * per_image
+    reserves = []
+
+    def device_with_capacity(build, *, limit, reserve_bytes=0, **_):
+        reserves.append(reserve_bytes)
+        return bf.BatchFit(min(limit, (capacity - reserve_bytes) // per_image), limit, "fake")
+
+    monkeypatch.setattr(bf, "find_batch_size", device_with_capacity)
+    plan = sweep.batch_plan()
+    assert reserves == [store] and plan["reserve_bytes"] == store
+    assert plan["batch_size"] == 20 and plan["batch_size"] * per_image + store <= capacity

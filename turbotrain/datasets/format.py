@@ -55,6 +55,15 @@ MODE_JPEG = 0
 MODE_RAW = 1
 MODE_NAMES = {MODE_JPEG: "jpeg", MODE_RAW: "raw"}
 
+# The one "small image" rule: an image whose longest side is at most this many pixels (MNIST's
+# 28, CIFAR's 32, 64 px thumbnails) is a whole picture, not a photo to crop from.
+# prepare-dataset's `--encoding auto` stores it raw (datasets/images.py: exact pixels, loaded
+# with a copy), every pipeline pads and crops it instead of RandomResizedCrop
+# (pipeline/augment.py), and the trainer trains it at its native size with a net made for small
+# inputs (train/plan/rules.py). One value, so that what is stored raw is what
+# is trained as small.
+SMALL_IMAGE_MAX_SIDE = 64
+
 # Metadata dtype of each field kind. RGB_IMAGE's struct is packed (not aligned), exactly as FFCV
 # declares it; the row that combines fields is aligned.
 FIELD_METADATA_DTYPES = {

@@ -33,15 +33,17 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from turbotrain.datasets.format import MAX_IMAGE_SIDE, MAX_PIXELS, MODE_JPEG, MODE_RAW
+from turbotrain.datasets.format import (MAX_IMAGE_SIDE, MAX_PIXELS, MODE_JPEG, MODE_RAW,
+                                        SMALL_IMAGE_MAX_SIDE)
 from turbotrain.datasets.jpeg_header import JpegHeader, read_jpeg_header
+from turbotrain.held_setting import HeldSetting
 
 # FFCV stores width and height as '<u2' (format.FIELD_METADATA_DTYPES).
 MAX_STORED_SIDE = MAX_IMAGE_SIDE
-# "auto" stores raw pixels up to this side: a 64x64x3 raw image is 12 KiB and loads with a copy,
-# no decode. JPEG would shrink a 32x32 CIFAR image ~5x (646 B vs 3 KiB at q90) but is lossy, and
-# 4:2:0 leaves it 16x16 colour: small-image benchmarks are defined on the exact pixels.
-AUTO_RAW_MAX_SIDE = 64
+# "auto" stores small images (format.SMALL_IMAGE_MAX_SIDE) raw: a 64x64x3 raw image is 12 KiB and
+# loads with a copy, no decode. JPEG would shrink a 32x32 CIFAR image ~5x (646 B vs 3 KiB at q90)
+# but is lossy, and 4:2:0 leaves it 16x16 colour: small-image benchmarks are defined on the exact
+# pixels.
 ENCODINGS = ("auto", "jpeg", "raw")
 # A pass-through JPEG is validated by a strict decode at 1/_VALIDATION_SCALE of its size, which
 # also gives its pixel stats. Every scale entropy-decodes the whole file; smaller ones save IDCT
@@ -54,10 +56,19 @@ ENCODINGS = ("auto", "jpeg", "raw")
 # 1/4: 25% cheaper than a full decode, and a 3% low std does not matter for input normalisation.
 _VALIDATION_SCALE = 4
 
-# PIL checks image size inside Image.open, before we can see it: it warns above
-# MAX_IMAGE_PIXELS (default 89.5 Mpx) and raises above twice that. Aligning its threshold with
-# ours keeps one limit for every format; our own check below then gives the refusal message.
-Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+# PIL checks image size inside Image.open (and a GIF's frame seeks), before any pixels are
+# decoded: it warns above Image.MAX_IMAGE_PIXELS (default 89.5 Mpx) and raises above twice that.
+# Aligning its threshold with ours keeps one limit for every format; our own check then gives
+# the refusal message. PIL reads the limit from a module global and takes none per call, so it
+# is ours only while we open and decode (`with PIL_LIMIT:`); a library user's PIL keeps theirs.
+PIL_MAX_PIXELS = MAX_PIXELS
+
+
+def _set_pil_limit(pixels) -> None:
+    Image.MAX_IMAGE_PIXELS = pixels
+
+
+PIL_LIMIT = HeldSetting(lambda: Image.MAX_IMAGE_PIXELS, _set_pil_limit, lambda: PIL_MAX_PIXELS)
 
 # What PIL's plugins raise on bad input: OSError (incl. UnidentifiedImageError, "image file is
 # truncated"), SyntaxError ("broken PNG file"), EOFError / IndexError / KeyError / struct.error
@@ -115,7 +126,7 @@ def encode_sample(source: bytes | np.ndarray, *, encoding: str, max_side: int,
                   quality: int, validate: bool = True) -> EncodedSample:
     """Turn one image file's bytes, or a uint8 array, into what a .beton stores.
 
-    encoding: "jpeg", "raw", or "auto" (raw when the stored longest side <= AUTO_RAW_MAX_SIDE).
+    encoding: "jpeg", "raw", or "auto" (raw when the stored longest side <= SMALL_IMAGE_MAX_SIDE).
     max_side: shrink (never enlarge) so the longest side is at most this; 0 = keep the size.
     quality: JPEG quality 1..100 when we (re-)encode; a passed-through JPEG keeps its own.
     validate: False skips the strict 1/4-scale decode of a JPEG that passes through (its pixel
@@ -209,7 +220,7 @@ def _target_size(height: int, width: int, max_side: int) -> tuple[int, int]:
 
 
 def _stored_mode(encoding: str, height: int, width: int) -> int:
-    if encoding == "raw" or (encoding == "auto" and max(height, width) <= AUTO_RAW_MAX_SIDE):
+    if encoding == "raw" or (encoding == "auto" and max(height, width) <= SMALL_IMAGE_MAX_SIDE):
         return MODE_RAW
     return MODE_JPEG
 
@@ -277,7 +288,7 @@ def _decode_with_pil(data: bytes, max_side: int) -> np.ndarray:
         # transparency notes) because the image then either decodes or raises, and a million
         # images' worth of them would bury prepare-dataset's own report. catch_warnings is
         # process-wide, not thread-safe: prepare-dataset encodes in worker processes.
-        with warnings.catch_warnings(record=True):
+        with PIL_LIMIT, warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
             image = Image.open(io.BytesIO(data), formats=_PIL_FORMATS)  # reads the header only
             _check_size(image.height, image.width, max_side)
@@ -395,7 +406,7 @@ def declared_size(data: bytes) -> tuple[int, int, bool] | None:
             return None
         return header.height, header.width, True
     try:
-        with warnings.catch_warnings(record=True):
+        with PIL_LIMIT, warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
             image = Image.open(io.BytesIO(data), formats=_PIL_FORMATS)
             return image.height, image.width, False

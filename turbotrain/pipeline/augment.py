@@ -13,9 +13,10 @@ Two augmentation families, chosen once per split by `choose_augmentation`:
   `train --scale / --ratio` change the two ranges, for every pipeline alike) plus a horizontal
   flip; evaluation resizes the shorter side to ``image_size / crop_ratio`` and takes
   the centre ``image_size`` square, i.e. a centred square box of side ``crop_ratio * min(h, w)``.
-* small images (largest side <= SMALL_IMAGE_MAX_SIDE, CIFAR-style): the image is first resized
-  to ``image_size`` if it is not already that size; training then pads by SMALL_IMAGE_PADDING
-  (reflect) and takes a random ``image_size`` crop plus a flip; evaluation is the identity.
+* small images (largest side <= format.SMALL_IMAGE_MAX_SIDE, CIFAR-style): the image is first
+  resized to ``image_size`` if it is not already that size; training then pads by
+  SMALL_IMAGE_PADDING (reflect) and takes a random ``image_size`` crop plus a flip; evaluation
+  is the identity.
 
 All families produce a `CropBoxes`: a box (top, left, height, width) in the source image's pixel
 coordinates, to be resized to ``image_size`` square, and a flip bit. Pad-crop boxes may start
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
+
 RESIZED_CROP_SCALE = (0.08, 1.0)
 RESIZED_CROP_RATIO = (3 / 4, 4 / 3)
 RESIZED_CROP_ATTEMPTS = 10  # torchvision's retry count before the centre-crop fallback
@@ -37,7 +40,6 @@ RESIZED_CROP_ATTEMPTS = 10  # torchvision's retry count before the centre-crop f
 # recipe pads 4 for long runs, but on short ones that much shift costs accuracy: compact28 on
 # Fashion-MNIST, 3 epochs, 3 seeds each, ended at 91.4-91.9% with 2 px against 91.2-91.5% with 4.
 SMALL_IMAGE_PADDING = 2
-SMALL_IMAGE_MAX_SIDE = 64
 
 # Augmentation families (values of choose_augmentation).
 RESIZED_CROP = "resized_crop"   # train, photo-sized

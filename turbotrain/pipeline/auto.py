@@ -1,7 +1,10 @@
 """`auto`: which pipeline to use for a split on a device, and why (logged by the caller).
 
-Not a registered pipeline: the trainer asks `choose_pipeline` (or `build_auto`, which also
-falls back when a chosen pipeline turns out to be unavailable) and then builds by name.
+Not a registered pipeline. The rule is `first_usable` over `why_unavailable`, pure functions of
+facts (the registered names, the installed engines, the decoded split's size and the memory
+budget): train/plan.py plans a run with them from a Machine, `choose_pipeline` and
+`unavailable_reason` ask them about this process's device (`turbotrain info`, `doctor`), and
+`build_auto` also falls back when a chosen pipeline turns out to be unavailable when built.
 
 Order of preference, fastest first:
 
@@ -28,45 +31,77 @@ log = logging.getLogger(__name__)
 FALLBACK_ORDER = ("resident", "dali", "pytorch", "ffcv")
 
 
-def unavailable_reason(name: str, dataset, options: PipelineOptions) -> str | None:
-    """Why `name` cannot be used here, or None when it looks usable (cheap checks only)."""
-    if name not in pipeline_names():
+def installed_engines() -> frozenset[str]:
+    """The optional engines whose packages are importable here: "dali", "ffcv"."""
+    found = set()
+    if importlib.util.find_spec("nvidia") is not None and \
+            importlib.util.find_spec("nvidia.dali") is not None:
+        found.add("dali")
+    if importlib.util.find_spec("ffcv") is not None:
+        found.add("ffcv")
+    return frozenset(found)
+
+
+def why_unavailable(name: str, *, registered, installed, device_type: str,
+                    resident_need: int, budget: tuple[int, str]) -> str | None:
+    """Why `name` cannot be used, or None when it looks usable: a pure function of the facts
+    (`budget`: what resident.memory_budget or budget_of says)."""
+    if name not in registered:
         return f"{name} is not registered"
-    device = torch.device(options.device)
     if name == "resident":
-        need = resident_bytes(dataset, options)
-        budget, how = memory_budget(device)
-        if need > budget:
-            return f"the decoded split needs {need / 2**30:.2f} GiB, over the resident budget " \
-                   f"of {budget / 2**30:.2f} GiB ({how})"
+        if resident_need > budget[0]:
+            return f"the decoded split needs {resident_need / 2**30:.2f} GiB, over the " \
+                   f"resident budget of {budget[0] / 2**30:.2f} GiB ({budget[1]})"
         return None
     if name == "dali":
-        if device.type != "cuda":
+        if device_type != "cuda":
             return "DALI's GPU decode needs a CUDA device"
-        if importlib.util.find_spec("nvidia") is None or \
-                importlib.util.find_spec("nvidia.dali") is None:
+        if "dali" not in installed:
             return "nvidia-dali is not installed"
-    if name == "ffcv" and importlib.util.find_spec("ffcv") is None:
+    if name == "ffcv" and "ffcv" not in installed:
         return "ffcv is not installed"
     return None
 
 
-def choose_pipeline(dataset, options: PipelineOptions) -> tuple[str, str]:
-    """(pipeline name, one-line reason) for `dataset` with `options` (see the module docstring)."""
+def first_usable(verdicts: dict[str, str | None], *, resident_need: int,
+                 device: torch.device | str) -> tuple[str, str]:
+    """(name, reason) of the first usable pipeline in `verdicts` (name -> why not, in the
+    order of preference); PipelineError when none is."""
     passed = []
-    for name in FALLBACK_ORDER:
-        why_not = unavailable_reason(name, dataset, options)
+    for name, why_not in verdicts.items():
         if why_not is None:
             reason = f"auto picked {name}"
             if name == "resident":
-                reason += f" ({resident_bytes(dataset, options) / 2**30:.2f} GiB decoded fits " \
-                          f"in {options.device} memory)"
+                reason += f" ({resident_need / 2**30:.2f} GiB decoded fits in {device} memory)"
             if passed:
                 reason += "; skipped " + "; ".join(passed)
-            log.info(reason)
             return name, reason
         passed.append(f"{name}: {why_not}")
     raise PipelineError("no pipeline can run here: " + "; ".join(passed))
+
+
+def unavailable_reason(name: str, dataset, options: PipelineOptions) -> str | None:
+    """Why `name` cannot be used with this process's device, or None when it looks usable
+    (cheap checks only)."""
+    device = torch.device(options.device)
+    resident = name == "resident" and name in pipeline_names()
+    return why_unavailable(name, registered=pipeline_names(), installed=installed_engines(),
+                           device_type=device.type,
+                           resident_need=resident_bytes(dataset, options) if resident else 0,
+                           budget=memory_budget(device) if resident else (0, ""))
+
+
+def choose_pipeline(dataset, options: PipelineOptions) -> tuple[str, str]:
+    """(pipeline name, one-line reason) for `dataset` with `options` (see the module docstring)."""
+    verdicts: dict[str, str | None] = {}
+    for name in FALLBACK_ORDER:
+        verdicts[name] = unavailable_reason(name, dataset, options)
+        if verdicts[name] is None:
+            break
+    name, reason = first_usable(verdicts, resident_need=resident_bytes(dataset, options),
+                                device=options.device)
+    log.info(reason)
+    return name, reason
 
 
 def build_auto(dataset, **options) -> tuple[Pipeline, str]:

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .cpu_decode import ONE_CV2_THREAD
+
 
 class ShiftedCrops:
     """Fixed-size crops at per-sample offsets, optionally mirrored, from a padded store.
@@ -68,8 +70,8 @@ class ResizedCrops:
         self.pool = None
         if store.device.type == "cpu":
             import cv2
-            cv2.setNumThreads(1)  # parallel over samples instead
             self._cv2 = cv2
+            self._release_cv2 = ONE_CV2_THREAD.hold()  # parallel over samples instead
             self._store_np = store.numpy()
             self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="turbotrain-crop")
             self.threads = max(1, threads)
@@ -117,3 +119,4 @@ class ResizedCrops:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
+            self._release_cv2()

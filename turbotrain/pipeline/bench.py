@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from turbotrain.datasets.format import MODE_JPEG
+
 BARE_DECODE = "bare_decode"
 
 
@@ -96,7 +98,7 @@ def bare_decode_rate(dataset, *, samples: int, threads: int, rounds: int = 2) ->
         try:
             for i in range(start, count, threads):
                 payload = beton.payload(i)
-                if modes[i] == 0:
+                if modes[i] == MODE_JPEG:
                     simplejpeg.decode_jpeg(payload, colorspace="rgb", buffer=buffer,
                                            **DECODE_OPTIONS)
                 else:

@@ -27,6 +27,9 @@ import threading
 
 import numpy as np
 
+from turbotrain.datasets.format import MODE_JPEG, MODE_RAW
+from turbotrain.held_setting import HeldSetting
+
 from . import augment
 from .base import PipelineError
 
@@ -36,7 +39,24 @@ _DCT_FACTORS = (8, 4, 2)
 # match FFCV's quality; 5-15 % faster decodes here (907 -> 760 us per 500x375 photo, one core).
 # `turbotrain bench`'s bare-decode limit uses the same options, so the ratio stays honest.
 DECODE_OPTIONS = {"fastdct": True}
-_MODE_JPEG, _MODE_RAW = 0, 1
+
+
+def _cv2_threads() -> int:
+    import cv2
+    return cv2.getNumThreads()
+
+
+def _set_cv2_threads(count: int) -> None:
+    import cv2
+    cv2.setNumThreads(count)
+
+
+# We parallelise across samples; cv2's own thread pool inside each resize only adds overhead.
+# OpenCV's thread count is process-wide, so it is one explicit step of whoever runs decodes in
+# threads of its own (the pytorch and resident pipelines while they live, predict while it
+# runs): they hold this, and the last to let go gives the process its own count back
+# (held_setting.py). Worker processes of ours set it for good in their setup.
+ONE_CV2_THREAD = HeldSetting(_cv2_threads, _set_cv2_threads, lambda: 1)
 
 
 class SampleDecodeError(PipelineError):
@@ -49,15 +69,14 @@ class BatchDecoder:
         decoder = BatchDecoder(dataset, image_size=224, train=True, seed=0)
         decoder.decode(indices, epoch, out)    # out: writable uint8 array (>= B, S, S, 3)
 
-    Thread-safe: per-thread scratch buffers are created on first use by each thread.
+    Thread-safe: per-thread scratch buffers are created on first use by each thread. Whoever
+    calls `decode` from several threads holds ONE_CV2_THREAD meanwhile.
     """
 
     def __init__(self, dataset, *, image_size: int, train: bool, seed: int,
                  crop_ratio: float = 0.875,
                  scale: tuple[float, float] = augment.RESIZED_CROP_SCALE,
                  ratio: tuple[float, float] = augment.RESIZED_CROP_RATIO):
-        import cv2
-        cv2.setNumThreads(1)  # we parallelise across samples; cv2's own pool only adds overhead
         self.beton = dataset.beton
         self.path = dataset.beton.path
         self.image_size = image_size
@@ -107,7 +126,7 @@ class BatchDecoder:
             else:
                 self._cropped(i, box, out)
         except (ValueError, OSError) as e:  # simplejpeg raises ValueError on corrupt data
-            what = "JPEG" if self._modes[i] == _MODE_JPEG else "raw image"
+            what = "JPEG" if self._modes[i] == MODE_JPEG else "raw image"
             raise SampleDecodeError(f"{self.path}: sample {i} does not decode as a {what} "
                                     f"({e})") from e
 
@@ -125,7 +144,7 @@ class BatchDecoder:
         """Sample i as HWC uint8, possibly DCT-downscaled so the box stays >= the output; and
         the (y, x) scale from stored to returned pixels."""
         height, width = int(self._heights[i]), int(self._widths[i])
-        if self._modes[i] == _MODE_RAW:
+        if self._modes[i] == MODE_RAW:
             return self.beton.raw_image(i), 1.0, 1.0
         import simplejpeg
         payload = self.beton.payload(i)

@@ -31,6 +31,8 @@ from collections import deque
 import numpy as np
 import torch
 
+from turbotrain.datasets.format import MODE_JPEG, MODE_RAW
+
 from . import augment
 from .base import PipelineError, PipelineOptions, PipelineUnavailable
 from .cpu_decode import SampleDecodeError
@@ -44,7 +46,6 @@ from .workers import choose_workers
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "install with: pip install 'turbotrain[dali]'"
-_MODE_JPEG, _MODE_RAW = 0, 1
 
 
 def import_dali():
@@ -102,11 +103,11 @@ class DaliPipeline(OrderedPipeline):
         self._heights = np.asarray(dataset.heights, dtype=np.int64)
         self._widths = np.asarray(dataset.widths, dtype=np.int64)
         self._labels = np.asarray(dataset.labels, dtype=np.int64)
-        has_raw = bool((self._modes == _MODE_RAW).any())
+        has_raw = bool((self._modes == MODE_RAW).any())
         s = options.image_size
         self.spec = GraphSpec(
             family=self.family, image_size=s,
-            has_jpeg=bool((self._modes == _MODE_JPEG).any()) or not has_raw, has_raw=has_raw,
+            has_jpeg=bool((self._modes == MODE_JPEG).any()) or not has_raw, has_raw=has_raw,
             resize_small=bool(((self._heights != s) | (self._widths != s)).any()),
             batch_size=options.batch_size, num_threads=max(1, self.workers),
             device_id=self._device_id(), crop=crop, seed=options.seed,
@@ -141,7 +142,7 @@ class DaliPipeline(OrderedPipeline):
         from turbotrain.printable import printable
         spec, beton = self.spec, self.dataset.beton
         modes = self._modes[indices]
-        is_jpeg = modes == _MODE_JPEG
+        is_jpeg = modes == MODE_JPEG
         values: dict[str, object] = {}
         if spec.has_jpeg:
             jpegs = []
@@ -266,7 +267,7 @@ class DaliPipeline(OrderedPipeline):
                 try:
                     self.dataset.image(i)
                 except DatasetError:
-                    what = "JPEG" if self._modes[i] == _MODE_JPEG else "raw image"
+                    what = "JPEG" if self._modes[i] == MODE_JPEG else "raw image"
                     return SampleDecodeError(
                         f"{self.dataset.beton.path}: sample {i} does not decode as a {what} "
                         f"(DALI: {reason})")

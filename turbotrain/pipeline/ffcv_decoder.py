@@ -20,12 +20,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from turbotrain.datasets.format import MODE_JPEG
+
 from . import augment
 
 BOX_COLUMNS = 6
 TOP, LEFT, HEIGHT, WIDTH, FLIP, STATUS = range(BOX_COLUMNS)
 BOX_DTYPE = np.dtype("<i4")
-_MODE_JPEG = 0
 
 
 def shared_box_decoder_class():
@@ -89,7 +90,7 @@ def _define_decoder():
                     width = np.uint32(field['width'])
                     pixels = 3 * height * width
                     status = 0
-                    if field['mode'] == _MODE_JPEG:
+                    if field['mode'] == MODE_JPEG:
                         # Typed (not literal) constants: numba 0.68's dispatcher finaliser
                         # raises KeyError for overloads keyed by Literal[int] arguments.
                         status = imdecode_c(data, decoded[k], height, width, height, width,

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .base import PipelineError, PipelineOptions
-from .cpu_decode import BatchDecoder
+from .cpu_decode import ONE_CV2_THREAD, BatchDecoder
 from .ordered import OrderedPipeline
 from .registry import register_pipeline
 from .transfer import to_device
@@ -130,7 +130,10 @@ class _EpochKeys(torch.utils.data.Sampler):
 
 
 def _worker_init(_worker_id: int) -> None:
-    torch.set_num_threads(1)  # one decode stream per worker process; no intra-op pools
+    """Process setup of a worker: one decode stream per process, no intra-op pools."""
+    import cv2
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
 
 
 class _ProcessBatches:
@@ -190,6 +193,8 @@ class PyTorchPipeline(OrderedPipeline):
         labels = np.asarray(dataset.labels, dtype=np.int64)
         pinned = self.device.type == "cuda"
         self.source = MODES[mode](self.decoder, labels, self.workers, pinned)
+        # Its decode threads (or the caller, decoding) want one cv2 thread; given back in close.
+        self._release_cv2 = ONE_CV2_THREAD.hold()
         log.info("pytorch pipeline: %s, %s, augmentation %s", mode, why, self.decoder.family)
 
     def _produce(self, epoch: int, batches: list[np.ndarray]):
@@ -197,6 +202,7 @@ class PyTorchPipeline(OrderedPipeline):
 
     def close(self) -> None:
         self.source.close()
+        self._release_cv2()
 
 
 @register_pipeline("pytorch")

@@ -34,7 +34,7 @@ from ..host import available_ram
 from . import augment
 from .base import PipelineOptions, PipelineUnavailable
 from .batched_crops import ResizedCrops, ShiftedCrops
-from .cpu_decode import BatchDecoder
+from .cpu_decode import ONE_CV2_THREAD, BatchDecoder
 from .ordered import OrderedPipeline
 from .registry import register_pipeline
 from .transfer import as_nchw
@@ -52,14 +52,16 @@ LOAD_CHUNK = 256
 def memory_budget(device: torch.device) -> tuple[int, str]:
     """(bytes the store may use on `device`, how that was worked out)."""
     device = torch.device(device)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        where = f"{free / 2**30:.1f} GiB free on {device}"
-    else:
-        free = available_ram()
-        where = f"{free / 2**30:.1f} GiB of available RAM"
-    return int(free * RESIDENT_MEMORY_FRACTION), \
-        f"{RESIDENT_MEMORY_FRACTION:.0%} of the {where}"
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else available_ram()
+    return budget_of(free, device)
+
+
+def budget_of(free: int, device: torch.device | str) -> tuple[int, str]:
+    """memory_budget for `free` bytes on `device` (train/plan.py plans with a Machine's)."""
+    device = torch.device(device)
+    where = (f"{free / 2**30:.1f} GiB free on {device}" if device.type == "cuda" else
+             f"{free / 2**30:.1f} GiB of available RAM")
+    return int(free * RESIDENT_MEMORY_FRACTION), f"{RESIDENT_MEMORY_FRACTION:.0%} of the {where}"
 
 
 class StoreLayout:
@@ -143,7 +145,8 @@ class ResidentPipeline(OrderedPipeline):
                                                mode="reflect"))
             return [host, host.flip(2)] if layout.mirrored else [host]
 
-        with ThreadPoolExecutor(threads, thread_name_prefix="turbotrain-load") as pool:
+        with ONE_CV2_THREAD, ThreadPoolExecutor(threads,
+                                                thread_name_prefix="turbotrain-load") as pool:
             for indices, copies in zip(chunks, pool.map(decode, chunks)):
                 for copy, host in enumerate(copies):  # copy 1: the mirrors, at index + n
                     start = copy * n + int(indices[0])

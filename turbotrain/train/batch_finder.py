@@ -1,6 +1,7 @@
 """The largest micro-batch that fits in memory, for `train --batch-size auto` and `tune`.
 
-* CUDA: real training steps (forward, backward, optimizer step, twice so the optimizer state
+* CUDA: real training steps (the trainer's StepEngine from loop.make_engine: forward,
+  backward through the fp16 GradScaler, the fused optimizer step; twice so the optimizer state
   exists) on a throwaway copy of the model, under a memory cap of CUDA_SEARCH_FRACTION of the
   device less what the pipeline will hold; the cap is tried first (the common case: it fits,
   one trial), then a bisection with out-of-memory recovery (~log2(limit) trials).
@@ -79,32 +80,28 @@ def release_memory(device: torch.device) -> None:
 # ---------------------------------------------------------------------------- trials
 
 class TrialSteps:
-    """`fits(b)`: two training steps of a throwaway model at micro-batch b; False on OOM."""
+    """`fits(b)`: two training steps of a throwaway model at micro-batch b; False on OOM.
+    The steps are the trainer's own (loop.make_engine: the fused optimizer on CUDA, the
+    GradScaler under fp16), so the trial's memory peak is a run's."""
 
     def __init__(self, build: Callable[[], nn.Module], *, image_size: int, num_classes: int,
                  device: torch.device, precision: str, channels_last: bool, optimizer: str):
-        from .device import autocast_context
-        from .schedule import build_optimizer
-        self.model = build().to(device, memory_format=torch.channels_last if channels_last
-                                else torch.contiguous_format)
-        self.optimizer = build_optimizer(self.model, name=optimizer, lr=1e-6, weight_decay=0.0,
-                                         momentum=0.9, fused=device.type == "cuda")
-        self.autocast = lambda: autocast_context(device, precision)
+        from .loop import make_engine
+        model = build().to(device, memory_format=torch.channels_last if channels_last
+                           else torch.contiguous_format)
+        self.engine = make_engine(model, device=device, precision=precision,
+                                  channels_last=channels_last, optimizer=optimizer, lr=1e-6)
         self.image_size, self.num_classes, self.device = image_size, num_classes, device
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.precision = precision
         self.trials: list[tuple[int, bool]] = []
 
     def _steps(self, batch: int) -> None:
         images = torch.randint(0, 256, (batch, 3, self.image_size, self.image_size),
                                dtype=torch.uint8, device=self.device)
-        images = images.contiguous(memory_format=self.memory_format)
         labels = torch.randint(0, self.num_classes, (batch,), device=self.device)
-        for _ in range(2):  # the second step has the optimizer state of the first
-            with self.autocast():
-                loss = nn.functional.cross_entropy(self.model(images), labels)
-            loss.backward()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        for step in range(2):  # the second step has the optimizer state of the first
+            self.engine.micro_step(images, labels, will_step=True)
+            self.engine.optimizer_step(step)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -117,13 +114,21 @@ class TrialSteps:
                 raise
             out_of_memory = True
         if out_of_memory:
-            self.optimizer.zero_grad(set_to_none=True)
-            release_memory(self.device)
+            self._recover()
         self.trials.append((batch, not out_of_memory))
         return not out_of_memory
 
+    def _recover(self) -> None:
+        """After an out-of-memory error mid-step: no gradients left over, and a fresh
+        GradScaler (one stopped between its unscale_ and update would refuse the next step)."""
+        from .device import make_grad_scaler
+        self.engine.optimizer.zero_grad(set_to_none=True)
+        self.engine.scaler = make_grad_scaler(self.device, self.precision)
+        self.engine.grad_norm = None
+        release_memory(self.device)
+
     def close(self) -> None:
-        del self.model, self.optimizer
+        del self.engine
         release_memory(self.device)
 
 
@@ -159,9 +164,11 @@ def estimate_cpu_bytes(build: Callable[[], nn.Module], *, image_size: int, preci
 def find_batch_size(build: Callable[[], nn.Module], *, num_classes: int, image_size: int,
                     device: torch.device, precision: str, channels_last: bool,
                     optimizer: str = "sgd", limit: int = MAX_BATCH, reserve_bytes: int = 0,
-                    budget_bytes: int | None = None) -> BatchFit:
+                    budget_bytes: int | None = None, env=None) -> BatchFit:
     """The largest micro-batch <= `limit` whose training step fits; `reserve_bytes` stay free
-    for the pipeline (a resident store). `budget_bytes` overrides the CPU budget (tests)."""
+    for the pipeline (a resident store). `budget_bytes` overrides the CPU budget (tests).
+    `env` (distributed.DistEnv): a torchrun job's ranks all take the smallest answer; None for
+    one process."""
     device = indexed(device)
     state = torch.random.get_rng_state()  # the throwaway model must not move the run's seed
     try:
@@ -175,7 +182,10 @@ def find_batch_size(build: Callable[[], nn.Module], *, num_classes: int, image_s
                                 reserve_bytes=reserve_bytes, budget_bytes=budget_bytes)
     finally:
         torch.random.set_rng_state(state)
-    agreed = _smallest_over_ranks(fit.batch_size, device)
+    agreed = fit.batch_size
+    if env is not None:
+        from .distributed import min_over_ranks
+        agreed = int(min_over_ranks(fit.batch_size, env, device))
     if agreed != fit.batch_size:
         fit = BatchFit(agreed, fit.limit, fit.how + f"; {agreed} on the tightest rank")
     return fit
@@ -192,10 +202,20 @@ def indexed(device: torch.device) -> torch.device:
     return device
 
 
+def memory_fraction(device: torch.device) -> float:
+    """The process's CUDA memory cap on `device` (torch.cuda.set_per_process_memory_fraction).
+    torch < 2.8 has no getter: then 1.0, torch's default, and the cap a program set before
+    calling us is lost after the search (the least surprising thing we can do there: the
+    search never leaves its own cap behind)."""
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    return 1.0 if getter is None else float(getter(device))
+
+
 def _search_cuda(build, *, num_classes, image_size, device, precision, channels_last, optimizer,
                  limit, reserve_bytes) -> BatchFit:
     total = torch.cuda.get_device_properties(device).total_memory
-    fraction = max(0.05, (CUDA_SEARCH_FRACTION * total - reserve_bytes) / total)
+    previous = memory_fraction(device)  # a cap the program set: searched within, then restored
+    fraction = max(0.05, min(previous, (CUDA_SEARCH_FRACTION * total - reserve_bytes) / total))
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     trial = None
     batch = tried = 0
@@ -213,7 +233,7 @@ def _search_cuda(build, *, num_classes, image_size, device, precision, channels_
     finally:
         if trial is not None:
             trial.close()
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(previous, device)
         torch.cuda.reset_peak_memory_stats(device)
     how = (f"{tried} trial step pair(s) on {device} within {fraction:.0%} of its "
            f"{total / 2**30:.0f} GiB")
@@ -235,16 +255,6 @@ def _estimate_cpu(build, *, image_size, precision, channels_last, optimizer, lim
     how = (f"estimated {per_image / 2**20:.1f} MiB per image + {fixed / 2**20:.0f} MiB "
            f"weights/optimizer within {budget_bytes / 2**30:.1f} GiB of RAM")
     return BatchFit(batch, limit, how)
-
-
-def _smallest_over_ranks(batch: int, device: torch.device) -> int:
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return batch
-    value = torch.tensor([batch], dtype=torch.int64,
-                         device=device if device.type == "cuda" else "cpu")
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
-    return int(value.item())
 
 
 def divisor_at_most(total: int, most: int) -> int:

@@ -1,9 +1,11 @@
-"""Everything a run needs, built once in order: device, data, pipelines, model, optimizer,
-and, with `--resume`, the state they had at the last checkpoint."""
+"""Everything a run needs, built once in order: the plan (plan/: every automatic choice), then
+what it says: device, data, pipelines, model, optimizer, and, with `--resume`, the state they
+had at the last checkpoint."""
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,26 +13,27 @@ import torch
 from torch import nn
 
 from turbotrain.datasets.untrusted import is_inside
+from turbotrain.pipeline import PipelineUnavailable, build_pipeline
+from turbotrain.pipeline.workers import after_pipeline
 from turbotrain.printable import printable
 
+from . import batch_finder
 from . import checkpoint as ckpt
-from .config import TrainConfig
+from . import host_memory
+from .config import AUTO, TrainConfig
 from .config_files import save_yaml
-from .data import jpeg_fraction, open_pipeline, open_split, open_val_split
-from .device import (ThreadPlan, apply_torch_threads, available_cores, choose_channels_last,
-                     choose_compile, choose_compile_mode, choose_device, choose_precision,
-                     describe_gpu, make_grad_scaler, plan_threads)
+from .data import open_split, open_val_split
+from .device import ThreadPlan, apply_torch_threads, use_device
 from .distributed import (DistEnv, broadcast_object, convert_sync_batchnorm,
                           init_process_group, wrap_model)
 from .ema import ModelEMA
 from .errors import TrainError
-from .finetune import from_weights, optimizer_groups, start_model
-from .host_memory import keep_freed_memory
-from .loop import StepEngine
+from .finetune import from_weights, optimizer_groups, start_model, weights_facts
+from .loop import StepEngine, make_engine
 from .mixing import mixer_for
-from .models import Classifier, deterministic_global_pools
-from .resolve import default_run_dir, resolve_data_settings, resolve_resume, resolve_schedule
-from .schedule import build_optimizer, build_scheduler
+from .models import Classifier, build_model, deterministic_global_pools
+from .plan import DatasetFacts, Machine, Observed, OpenedPipeline, Plan, plan
+from .schedule import LRSchedule
 
 
 @dataclass
@@ -62,86 +65,73 @@ class Run:
 
 
 def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) -> Run:
-    """`cleanup` closes the pipelines when the run ends, or when building it fails half-way."""
+    """Plans the run and carries the plan out (see `_plan_and_open`), then builds the model, the
+    run folder and the training step. `cleanup` closes the pipelines when the run ends, or when
+    building it fails half-way."""
     config.validate()
-    decisions: dict[str, str] = {}
+    planned, train_data, train_pipeline, val_pipeline = _plan_and_open(config, env, cleanup)
+    config, device = planned.config, planned.device
+    decisions = dict(planned.lines)
 
-    def decide(what: str, value, reason: str):
+    def decide(what: str, value, reason: str):  # what building the model finds out
         decisions[what] = f"{value}: {reason}"
         return value
-
-    device_choice = choose_device(config.device, env.local_rank)
-    device = decide("device", device_choice.value, device_choice.reason)
-    init_process_group(env, device, config.dist_timeout)
-    if config.resume == "auto":  # rank 0 looks at --out, so that every rank takes one path
-        listing = _listing(config.out) if env.is_main else None
-        config, why = resolve_resume(config, broadcast_object(listing, env))
-        decide("resume", config.resume, why)
-    # Before the pipelines and the model allocate anything (pipeline worker processes fork later
-    # and inherit it); host allocations are every step's on the CPU, the loader's on CUDA.
-    kept, why = keep_freed_memory()
-    decide("host_memory", "kept for reuse" if kept else "glibc defaults", why)
-
-    train_data = open_split(config.data, "train")
-    val_data, val_missing = open_val_split(config.data)
-    if val_data is None:
-        decisions["evaluation"] = f"none: {val_missing}"
-
-    resolved = resolve_data_settings(config, train_data, device.type, env.world_size)
-    config, spec = resolved.config, resolved.spec
-    for key, reason in resolved.reasons.items():
-        decide(key, getattr(config, key), reason)
-
-    gpu = describe_gpu(device)  # None on the CPU; the CUDA reasons name the GPU
-    precision_choice = choose_precision(config.precision, device, gpu)
-    precision = decide("precision", precision_choice.value, precision_choice.reason)
-    compile_choice = choose_compile(config.compile, device, gpu)
-    compiled = decide("compile", compile_choice.value, compile_choice.reason)
-    compile_mode = None
-    if compiled:
-        mode_choice = choose_compile_mode(device, gpu)
-        compile_mode = decide("compile_mode", mode_choice.value, mode_choice.reason)
-    cl_choice = choose_channels_last(config.channels_last, spec.conv)
-    channels_last = decide("channels_last", cl_choice.value, cl_choice.reason)
-
-    threads = plan_threads(device, cores=available_cores(env.local_world_size),
-                           workers=config.workers, threads=config.threads,
-                           jpeg_fraction=jpeg_fraction(train_data))
-    options = dict(batch_size=config.batch_size, image_size=config.image_size, device=device,
-                   seed=config.seed, rank=env.rank, world_size=env.world_size,
-                   workers=threads.workers,
-                   worker_mode=config.worker_mode, scale=config.scale, ratio=config.ratio)
-    train_pipeline, pipeline_name, why = open_pipeline(config.pipeline, train_data, train=True,
-                                                       **options)
-    cleanup.callback(train_pipeline.close)
-    decide("pipeline", pipeline_name, why)
-    if config.threads is None:
-        threads = threads_after_pipeline(threads, train_pipeline, device.type)
-    decide("threads", f"{threads.workers} pipeline workers + {threads.torch_threads} torch "
-           f"threads on {threads.cores} cores", threads.reason)
-    apply_torch_threads(threads.torch_threads)
-    val_pipeline = None
-    if val_data is not None:
-        val_pipeline, _, _ = open_pipeline(pipeline_name, val_data, train=False, **options)
-        cleanup.callback(val_pipeline.close)
-
-    steps_per_epoch = len(train_pipeline) // config.accum_steps
-    if steps_per_epoch == 0:
-        raise TrainError(f"the {pipeline_name} pipeline yields {len(train_pipeline)} batches per "
-                         f"epoch, fewer than --accum-steps {config.accum_steps}")
-    config, total_steps, schedule_reasons = resolve_schedule(config, steps_per_epoch)
-    for key, reason in schedule_reasons.items():
-        decide(key, getattr(config, key), reason)
-    config = config.replace(pipeline=pipeline_name, precision=precision, compile=compiled,
-                            channels_last=channels_last, device=device.type,
-                            workers=threads.workers, threads=threads.torch_threads)
 
     _set_determinism(config, device)
     ckpt.seed_everything(config.seed)
     # The dataset's mean/std, or the starting weights' (finetune.py); --freeze-backbone. Built
     # before the run folder, so that weights that are missing or do not fit leave no folder.
-    model = start_model(spec, config, train_data, resuming=bool(config.resume), decide=decide)
+    model = start_model(planned.spec, config, train_data, resuming=bool(config.resume),
+                        decide=decide)
+    config, run_dir, resume_state = _open_run_dir(config, env)
+    fresh = resume_state is None and not from_weights(config)
+    train_model, ema = _place_model(model, planned, env, train_pipeline if fresh else None,
+                                    decide)
+    n = train_data.num_classes
+    engine = _step_engine(model, train_model, ema, config, planned, env, num_classes=n,
+                          decide=decide)
+    run = Run(config=config, env=env, run_dir=run_dir, device=device,
+              precision=config.precision, compiled=config.compile,
+              channels_last=config.channels_last, threads=planned.threads,
+              pipeline_name=config.pipeline, train_pipeline=train_pipeline,
+              val_pipeline=val_pipeline, model=model, engine=engine, ema=ema,
+              steps_per_epoch=planned.steps_per_epoch, total_steps=planned.total_steps,
+              num_classes=n, decisions=decisions, resume_state=resume_state,
+              classes=tuple(train_data.class_names))
+    if resume_state is not None:
+        restore_modules(run, resume_state)
+    return run
 
+
+def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack):
+    """The plan for this machine and data, carried out up to the pipelines: the device (made
+    current; the process group), the batch search it asks for, the pipelines, torch's threads.
+    Each measurement is planned again with (plan/core.py), so the returned plan holds every
+    decision as made. Returns (plan, train split, train pipeline, val pipeline or None)."""
+    machine = Machine.detect(env)
+    observed = Observed(host_memory=host_memory.decision())  # applied by cli.run_train
+    device = plan(config, None, machine, observed).device  # the process group needs it first
+    use_device(device)
+    init_process_group(env, device, config.dist_timeout)
+    if config.resume == AUTO:  # rank 0 looks at --out, so that every rank takes one path
+        listing = _listing(config.out) if env.is_main else None
+        observed = observed.replace(out_names=broadcast_object(listing, env))
+    train_data = open_split(config.data, "train")
+    val_data, val_missing = open_val_split(config.data)
+    facts = DatasetFacts.of(train_data, val_data, val_missing)
+    observed = observed.replace(weights=weights_facts(config))
+    planned = plan(config, facts, machine, observed)
+    if planned.batch_search is not None:
+        observed = observed.replace(batch_fit=_search_batch(planned, facts.num_classes, env))
+    planned, train_pipeline, val_pipeline = _open_pipelines(
+        config, facts, machine, observed, (train_data, val_data), env, cleanup)
+    apply_torch_threads(planned.threads.torch_threads)
+    return planned, train_data, train_pipeline, val_pipeline
+
+
+def _open_run_dir(config: TrainConfig, env: DistEnv) -> tuple[TrainConfig, Path, dict | None]:
+    """The run folder (a new one, or --resume's), the checkpoint state to continue from, and
+    RUNDIR/config.yaml (the resolved settings)."""
     run_dir = _prepare_run_dir(config, env)
     config = config.replace(out=str(run_dir))
     resume_state = ckpt.load_checkpoint(run_dir) if config.resume else None
@@ -149,71 +139,107 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
         _check_same_world_size(resume_state, env, run_dir)
     if env.is_main:
         save_yaml(config, run_dir / "config.yaml")
+    return config, run_dir, resume_state
 
+
+def _search_batch(planned: Plan, num_classes: int, env: DistEnv) -> batch_finder.BatchFit:
+    """The batch search the plan asks for (plan.BatchSearch): the largest micro-batch up to its
+    limit whose training step fits beside the resident store (the smallest answer of all
+    ranks, so that they train the same micro-batch)."""
+    search, c = planned.batch_search, planned.config
+    return batch_finder.find_batch_size(
+        lambda: build_model(planned.spec, num_classes), image_size=c.image_size,
+        num_classes=num_classes, device=planned.device, precision=c.precision,
+        channels_last=c.channels_last, optimizer=c.optimizer, limit=search.limit,
+        reserve_bytes=search.reserve_bytes, env=env)
+
+
+def _open_pipelines(config: TrainConfig, facts: DatasetFacts, machine: Machine,
+                    observed: Observed, splits: tuple, env: DistEnv,
+                    cleanup: contextlib.ExitStack) -> tuple[Plan, object, object | None]:
+    """Opens the planned train pipeline (with `--pipeline auto`, one that fails to open is
+    planned around: the next in the fallback order), then the val pipeline like it; returns
+    the plan made with what the opened pipeline says (its batches, its CPU workers)."""
+    train_data, val_data = splits
+    while True:
+        planned = plan(config, facts, machine, observed)
+        name, c = planned.value("pipeline"), planned.config
+        options = dict(batch_size=c.batch_size, image_size=c.image_size, device=planned.device,
+                       seed=c.seed, rank=env.rank, world_size=env.world_size,
+                       workers=planned.budget.workers, worker_mode=c.worker_mode,
+                       scale=c.scale, ratio=c.ratio)
+        try:
+            train_pipeline = build_pipeline(name, train_data, train=True, **options)
+        except PipelineUnavailable as exc:
+            if config.pipeline != AUTO:
+                raise
+            observed = observed.replace(unopenable=(*observed.unopenable, (name, str(exc))))
+            continue
+        break
+    cleanup.callback(train_pipeline.close)
+    opened = OpenedPipeline(name, len(train_pipeline),
+                            getattr(train_pipeline, "cpu_workers", None))
+    planned = plan(config, facts, machine, observed.replace(pipeline=opened))
+    val_pipeline = None
+    if val_data is not None:
+        val_pipeline = build_pipeline(name, val_data, train=False, **options)
+        cleanup.callback(val_pipeline.close)
+    return planned, train_pipeline, val_pipeline
+
+
+def _place_model(model: Classifier, planned: Plan, env: DistEnv, init_pipeline, decide
+                 ) -> tuple[nn.Module, ModelEMA | None]:
+    """The model on its device as the plan says (memory format, SyncBatchNorm, compile, DDP);
+    returns the module to train and the EMA. `init_pipeline`: a batch for nets that set
+    weights from data (fresh runs only)."""
+    config, device = planned.config, planned.device
     if config.deterministic and device.type == "cuda":
         swapped = deterministic_global_pools(model)
         if swapped:
             decide("global_pools", f"{swapped} made deterministic", "--deterministic on CUDA: "
                    "adaptive pools have no deterministic backward there; same values")
-    if resume_state is None and not from_weights(config):
-        _data_init(model, train_pipeline, config)
-    model.to(device, memory_format=torch.channels_last if channels_last else
+    if init_pipeline is not None:
+        _data_init(model, init_pipeline, config)
+    model.to(device, memory_format=torch.channels_last if config.channels_last else
              torch.contiguous_format)
     if config.sync_bn:
         model, why = convert_sync_batchnorm(model, env, device)
         decide("sync_bn", env.enabled, why)
     train_model: nn.Module = model
-    if compiled:
-        train_model = torch.compile(train_model, mode=compile_mode)
+    if config.compile:
+        train_model = torch.compile(train_model, mode=planned.compile_mode)
     train_model = wrap_model(train_model, env, device)
     # After DDP's broadcast of rank 0's weights: a data-dependent init (data_init) differs
     # across ranks, and every rank's EMA must start from the same weights.
-    ema = ModelEMA(model, config.ema_decay) if config.ema else None
+    return train_model, ModelEMA(model, config.ema_decay) if config.ema else None
 
-    optimizer = build_optimizer(model, name=config.optimizer, lr=config.lr,
-                                weight_decay=config.weight_decay, momentum=config.momentum,
-                                fused=device.type == "cuda",
-                                groups=optimizer_groups(model, config,
-                                                        num_classes=train_data.num_classes,
-                                                        lr=config.lr,
-                                                        weight_decay=config.weight_decay,
-                                                        decide=decide))
-    scheduler = build_scheduler(optimizer, total=total_steps, warmup=config.warmup_steps,
-                                kind=config.schedule)
-    scaler = make_grad_scaler(device, precision)
-    engine = StepEngine(train_model, optimizer, scheduler, scaler, device=device,
-                        precision=precision, accum_steps=config.accum_steps,
-                        label_smoothing=config.label_smoothing, channels_last=channels_last,
-                        ema=ema, ema_source=model, clip_grad=config.clip_grad,
-                        mixer=mixer_for(config, num_classes=train_data.num_classes,
-                                        rank=env.rank))
-    run = Run(config=config, env=env, run_dir=run_dir, device=device, precision=precision,
-              compiled=compiled, channels_last=channels_last, threads=threads,
-              pipeline_name=pipeline_name, train_pipeline=train_pipeline,
-              val_pipeline=val_pipeline, model=model, engine=engine, ema=ema,
-              steps_per_epoch=steps_per_epoch, total_steps=total_steps,
-              num_classes=train_data.num_classes, decisions=decisions,
-              resume_state=resume_state, classes=tuple(train_data.class_names))
-    if resume_state is not None:
-        restore_modules(run, resume_state)
-    return run
+
+def _step_engine(model: Classifier, train_model: nn.Module, ema: ModelEMA | None,
+                 config: TrainConfig, planned: Plan, env: DistEnv, *, num_classes: int,
+                 decide) -> StepEngine:
+    groups = optimizer_groups(model, config, num_classes=num_classes, lr=config.lr,
+                              weight_decay=config.weight_decay, decide=decide)
+    schedule = LRSchedule(total=planned.total_steps, warmup=config.warmup_steps,
+                          kind=config.schedule)
+    return make_engine(model, device=planned.device, precision=config.precision,
+                       channels_last=config.channels_last, optimizer=config.optimizer,
+                       lr=config.lr, weight_decay=config.weight_decay,
+                       momentum=config.momentum, groups=groups, schedule=schedule,
+                       accum_steps=config.accum_steps, label_smoothing=config.label_smoothing,
+                       clip_grad=config.clip_grad, train_model=train_model, ema=ema,
+                       mixer=mixer_for(config, num_classes=num_classes, rank=env.rank))
 
 
 def threads_after_pipeline(plan: ThreadPlan, pipeline, device_type: str = "cpu") -> ThreadPlan:
-    """A pipeline that loads in the training process (resident: uint8 already on the device)
-    reports `cpu_workers = 0`; its cores then go to torch."""
-    used = getattr(pipeline, "cpu_workers", None)
-    if used is None or used >= plan.workers:
-        return plan
-    threads = max(1, plan.cores - used)
-    if device_type == "cuda":
-        name = getattr(pipeline, "name", "")
-        return ThreadPlan(plan.cores, used, threads,
-                          f"CUDA: the {name} pipeline uses {used} CPU worker(s) (its batches "
-                          f"are made on the GPU), so torch keeps all {threads} cores; they "
-                          "only launch kernels")
-    return ThreadPlan(plan.cores, used, threads,
-                      f"the pipeline uses {used} worker(s): torch gets the other cores")
+    """pipeline/workers.after_pipeline for an opened pipeline (its `cpu_workers`)."""
+    return after_pipeline(plan, getattr(pipeline, "cpu_workers", None),
+                          getattr(pipeline, "name", ""), device_type)
+
+
+def default_run_dir(config: TrainConfig) -> str:
+    name = Path(config.data.rstrip("/")).name or "data"
+    return str(Path("runs") / f"{name}-{config.model.replace(':', '-')}-"
+                              f"{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def _prepare_run_dir(config: TrainConfig, env: DistEnv) -> Path:
@@ -345,7 +371,7 @@ def _data_init(model: Classifier, pipeline, config: TrainConfig) -> None:
 
 
 def restore_modules(run: Run, state: dict) -> None:
-    """Model, optimizer, scheduler, scaler and EMA as they were at the checkpoint; a state that
+    """Model, optimizer, scaler and EMA as they were at the checkpoint; a state that
     does not fit them is one TrainError line."""
     try:
         run.model.load_state_dict(state["model"])
@@ -356,12 +382,8 @@ def restore_modules(run: Run, state: dict) -> None:
     try:
         engine.optimizer.load_state_dict(state["optimizer"])
         _check_optimizer_state(engine.optimizer)
-        # The schedule's shape comes from the current settings (a resumed run may add epochs);
-        # only its position comes from the checkpoint.
-        live = engine.scheduler.state_dict()
-        scheduler_state = _like(state["scheduler"], live, "scheduler")
-        scheduler_state["lr_lambdas"] = [None] * len(engine.scheduler.lr_lambdas)
-        engine.scheduler.load_state_dict(scheduler_state)
+        # No scheduler state: the LR is a function of the step counter (schedule.lr_at), with
+        # each group's peak in the optimizer state; an older checkpoint's "scheduler" is unread.
         engine.scaler.load_state_dict(state["scaler"])
         if run.ema is not None and state.get("ema") is not None:
             run.ema.load_state_dict(state["ema"])
@@ -376,25 +398,3 @@ def _check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
                 raise ValueError(f"optimizer {name} of shape {tuple(value.shape)} for a "
                                  f"parameter of shape {tuple(param.shape)}")
-
-
-def _like(saved: dict, live: dict, what: str) -> dict:
-    """saved's entries that `live` (a fresh state_dict) also has, each checked to be of the same
-    kind: a scheduler's load_state_dict copies whatever it is given onto the object."""
-    kept = {}
-    for key, value in live.items():
-        if key in saved:  # one missing (from an older torch) keeps its fresh value
-            if not _same_kind(saved[key], value):
-                raise TypeError(f"{what} {key!r} is {saved[key]!r:.60}")
-            kept[key] = saved[key]
-    return kept
-
-
-def _same_kind(saved, live) -> bool:
-    number = (int, float)
-    if isinstance(live, number):
-        return isinstance(saved, number)
-    if isinstance(live, list):
-        return (isinstance(saved, list) and len(saved) == len(live)
-                and all(_same_kind(a, b) for a, b in zip(saved, live)))
-    return isinstance(saved, type(live))

@@ -36,11 +36,14 @@ CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1  # bump when the checkpoint's keys change meaning
 
 # What the trainer reads from a checkpoint, and the type each must have. "ema" is None for a run
-# without --ema; "world_size" is missing from checkpoints written before it was recorded.
-_TOP_LEVEL = {"format_version": int, "model": dict, "optimizer": dict, "scheduler": dict,
-              "scaler": dict, "ema": (dict, type(None)), "rng": dict, "pipeline": dict,
-              "counters": dict, "loss_window": torch.Tensor, "config": dict, "world_size": int}
-_OPTIONAL = {"ema", "world_size"}
+# without --ema; "world_size" is missing from checkpoints written before it was recorded, and
+# "timing" (the step-timing ledger, ledger.py) from those written before it existed: their
+# "counters" hold its sums. Checkpoints written before the LR became a function of the step
+# (schedule.lr_at) also hold a "scheduler" entry, which is not read: they resume as they are.
+_TOP_LEVEL = {"format_version": int, "model": dict, "optimizer": dict, "scaler": dict,
+              "ema": (dict, type(None)), "rng": dict, "pipeline": dict, "counters": dict,
+              "timing": dict, "loss_window": torch.Tensor, "config": dict, "world_size": int}
+_OPTIONAL = {"ema", "world_size", "timing"}
 
 # Errors that restoring a damaged or foreign checkpoint's values raises (load_state_dict,
 # Counters(**...), np.random.set_state, ...); callers turn them into `damaged(...)`.

@@ -3,7 +3,7 @@
 Each field carries its flag's help text, `--help` group and choices as metadata: config_flags.py
 makes the `train` flags from them and parses values, config_files.py reads and writes the
 settings as YAML and layers defaults, files and flags. A field whose value is None means
-"auto": the trainer resolves it from the dataset and the device (see resolve.py) and saves the
+"auto": the trainer's plan resolves it from the dataset and the machine (see plan/) and saves the
 resolved value in RUNDIR/config.yaml, so a saved config reruns as is.
 
 This module imports no torch, so building the parser for `--help` stays cheap.

@@ -1,16 +1,13 @@
-"""The trainer's view of the data: open the splits, pick the pipeline, size the images."""
+"""The trainer's view of the data: open the splits and the pipelines, and the facts the plan
+reads from a split (plan/facts.py DatasetFacts)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
 
+from turbotrain.datasets.format import MODE_JPEG
 from turbotrain.pipeline import Pipeline, build_auto, build_pipeline
-
-SMALL_IMAGE_PX = 64  # at or below this, images train at their native size
-# Fewer training images than this: photos train at 64 px on CUDA too, where `--model auto`
-# picks the airbench net (measured on 2,000 photos: models.auto_model's comment).
-SMALL_SET = 10_000
 
 
 def open_split(path: str, split: str):
@@ -35,7 +32,7 @@ def open_val_split(path: str):
 
 def jpeg_fraction(dataset) -> float:
     modes = np.asarray(dataset.modes)
-    return float((modes == 0).mean()) if modes.size else 0.0
+    return float((modes == MODE_JPEG).mean()) if modes.size else 0.0
 
 
 def largest_side(dataset) -> int:
@@ -44,22 +41,10 @@ def largest_side(dataset) -> int:
 
 
 def auto_image_size(dataset, device_type: str) -> tuple[int, str]:
-    side = largest_side(dataset)
-    if 0 < side <= SMALL_IMAGE_PX:
-        # prepare-dataset stores images this small raw: nothing to decode, and upscaling
-        # would only multiply the FLOPs.
-        return side, f"native size of the {side} px images"
-    if device_type == "cuda":
-        if len(dataset) < SMALL_SET:
-            return 64, (f"{len(dataset):,} train images (< {SMALL_SET:,}) on CUDA: a small set "
-                        "learns best small, like a CPU run (64 px: the airbench net)")
-        return 224, (f"224 px on CUDA for {len(dataset):,} train images, the standard ImageNet "
-                     "training size")
-    # A CPU run is a short run: what matters is accuracy per CPU-minute. On the demo's photos
-    # (3,000 images of 256 px, 2-core dev box) ResNet-18 at 128 px reached 29 % val accuracy
-    # after 230 steps; at 64 px `--model auto` picks the airbench net, which reached 83 % after
-    # 138 steps.
-    return 64, "64 px on CPU: short CPU runs learn fastest small (airbench net)"
+    """`--image-size auto` for an open split (the rule: plan/rules.py image_size)."""
+    from .plan import rules
+    decision = rules.image_size(largest_side(dataset), len(dataset), device_type)
+    return decision.value, decision.reason
 
 
 def open_pipeline(name: str, dataset, **options) -> tuple[Pipeline, str, str]:

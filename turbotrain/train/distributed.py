@@ -110,10 +110,17 @@ def all_reduce_max(values: torch.Tensor, env: DistEnv) -> torch.Tensor:
 
 
 def max_over_ranks(value: float, env: DistEnv, device: torch.device) -> float:
+    """The largest of every rank's `value`, on every rank: one all-reduce of a float64 on
+    `device` (NCCL needs a CUDA tensor), which holds integers up to 2**53 exactly."""
     if not env.enabled:
         return value
     values = torch.tensor([value], dtype=torch.float64, device=device)
     return float(all_reduce_max(values, env))
+
+
+def min_over_ranks(value: float, env: DistEnv, device: torch.device) -> float:
+    """The smallest of every rank's `value`, on every rank (max_over_ranks of its negation)."""
+    return -max_over_ranks(-value, env, device)
 
 
 def mean_loss_and_any_stop(loss_sum: torch.Tensor, stop_requested: bool,

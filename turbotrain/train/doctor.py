@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
+
 # TensorFlow's profiler calls a run "highly input-bound" from 20 % of step time waiting for
 # input: removing a 20 % wait makes the run 1.25x faster, worth changing the pipeline for.
 INPUT_BOUND = 0.20
@@ -131,7 +133,7 @@ def _input_steps(f: Facts) -> list[str]:
             moved = f.torch_threads // 2
             steps.append(f"`--workers {f.workers + moved} --threads {f.torch_threads - moved}`: "
                          "give the loader cores the model is not using while it waits")
-    if f.image_size > 64:
+    if f.image_size > SMALL_IMAGE_MAX_SIDE:
         steps.append(f"a smaller `--image-size` (decode+crop cost grows with pixels; "
                      f"{f.image_size} px now)")
     steps.append(f"`turbotrain tune --data {f.data}` measures every pipeline x worker count here")
@@ -161,7 +163,7 @@ def _compute_steps(f: Facts, wait: float) -> list[str]:
         moved = f.workers // 2
         steps.append(f"`--workers {f.workers - moved} --threads {f.torch_threads + moved}`: the "
                      "loader is idle, the model can use its cores")
-    if f.device == "cpu" and f.image_size > 64:
+    if f.device == "cpu" and f.image_size > SMALL_IMAGE_MAX_SIDE:
         steps.append(f"a smaller `--image-size` or a lighter `--model` ({f.image_size} px now): "
                      "on a CPU the FLOPs per image are the main lever")
     if not steps:
@@ -182,36 +184,35 @@ def _host_steps(f: Facts) -> list[str]:
 
 # ---------------------------------------------------------------------------- from a run
 
-def facts_of_run(run, totals: dict) -> Facts:
-    """`run`: builder.Run; `totals`: the monitor's timed seconds, data wait, compute, steps,
-    images, host issue fraction and peak memories."""
+def facts_of_run(run, ledger) -> Facts:
+    """`run`: builder.Run; `ledger`: its ledger.StepLedger, the same totals summary.json's
+    throughput and data-wait fraction come from."""
     from .data import jpeg_fraction, largest_side
-    from .device import cpu_has_native_bf16
+    from .device import cpu_has_native_bf16, device_memory_bytes, peak_device_memory_bytes
     from .models import get_model_spec
     config, device = run.config, run.device
     dataset = getattr(run.train_pipeline, "dataset", None)
-    seconds = totals["seconds"]
     if device.type == "cuda":
         import torch
         bf16 = torch.cuda.is_bf16_supported()
     else:
         bf16 = cpu_has_native_bf16()
     return Facts(
-        device=device.type, timed_steps=totals["steps"], seconds=seconds,
-        data_wait=totals["data_wait"], compute=totals["compute"],
-        images_per_second=totals["images"] / seconds if seconds > 0 else None,
+        device=device.type, timed_steps=ledger.steps, seconds=ledger.seconds,
+        data_wait=ledger.data_wait, compute=ledger.compute,
+        images_per_second=ledger.images_per_second,
         pipeline=run.pipeline_name, workers=run.threads.workers,
         torch_threads=run.threads.torch_threads, cores=run.threads.cores,
         precision=run.precision, compiled=run.compiled, channels_last=run.channels_last,
         batch_size=config.batch_size, image_size=config.image_size, data=str(config.data),
-        host_issue_fraction=totals.get("host_issue_fraction"), bf16_capable=bf16,
+        host_issue_fraction=ledger.host_issue_fraction, bf16_capable=bf16,
         conv_net=get_model_spec(config.model).conv,
         largest_side=largest_side(dataset) if dataset is not None else 0,
         jpeg_fraction=jpeg_fraction(dataset) if dataset is not None else 0.0,
         dali_usable=_usable("dali", dataset, run),
         resident_fits=dataset is not None and _usable("resident", dataset, run),
-        peak_device_memory=totals.get("peak_device_memory"),
-        device_memory=totals.get("device_memory"), log_every=config.log_every)
+        peak_device_memory=peak_device_memory_bytes(device),
+        device_memory=device_memory_bytes(device), log_every=config.log_every)
 
 
 def _usable(name: str, dataset, run) -> bool:

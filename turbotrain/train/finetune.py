@@ -41,7 +41,7 @@ from torch import nn
 
 from .config import TrainConfig
 from .errors import TrainError
-from .models import Classifier, ModelSpec, build_model
+from .models import Classifier, ModelSpec, build_model, get_model_spec
 from .weights_in import Start, init_card, init_start, pretrained_start, source_classes
 
 # The recipe, measured on Fashion-MNIST on the 2-core dev box: compact28 trained on 5,000
@@ -100,16 +100,38 @@ def weights_hint(config: TrainConfig) -> Hint:
     return Hint()
 
 
-def lr_factor(config: TrainConfig, spec: ModelSpec, dataset) -> tuple[float, str]:
-    """(factor on the automatic LR, reason suffix) for a run that starts from weights (see the
-    recipe in the module docstring)."""
+def weights_facts(config: TrainConfig):
+    """What the starting weights say, for the plan (plan.WeightsFacts), or None when the run
+    starts from random weights. Reads --init-from's card (not its tensors), or --pretrained's
+    published metadata; a failure is kept in `error`, for the plan to raise when it needs the
+    weights (with --resume auto it may not: a resumed run has them in its checkpoint)."""
+    from .plan import WeightsFacts
     if not from_weights(config) or config.resume is True:
+        return None
+    try:
+        hint = weights_hint(config)
+        name = hint.model if config.model == "auto" and hint.model else config.model
+        count, names = (None, None)
+        if name != "auto" or config.init_from is not None:
+            spec = get_model_spec(name) if config.init_from is None else None
+            count, names = source_classes(config, spec)
+    except TrainError as exc:
+        return WeightsFacts(error=str(exc))
+    return WeightsFacts(model=hint.model, model_kwargs=hint.model_kwargs,
+                        image_size=hint.image_size, reason=hint.reason, source_classes=count,
+                        source_names=None if names is None else tuple(names))
+
+
+def lr_factor(config: TrainConfig, weights, num_classes: int, class_names
+              ) -> tuple[float, str]:
+    """(factor on the automatic LR, reason suffix) for a run that starts from `weights`
+    (plan.WeightsFacts; None: random weights); see the recipe in the module docstring."""
+    if weights is None or not from_weights(config) or config.resume is True:
         return 1.0, ""
     if config.freeze_backbone:
         return 1.0, "; --freeze-backbone: a fresh head learns alone, at the from-scratch rate"
-    count, names = source_classes(config, spec)
-    if count == dataset.num_classes and (names is None
-                                         or tuple(names) == tuple(dataset.class_names)):
+    count, names = weights.source_classes, weights.source_names
+    if count == num_classes and (names is None or tuple(names) == tuple(class_names)):
         return SAME_TASK_LR_FACTOR, (f", x{SAME_TASK_LR_FACTOR}: the starting weights were "
                                      "trained on these classes; small steps keep what they know")
     why = ("the starting weights learnt other classes" if count is not None else

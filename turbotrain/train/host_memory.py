@@ -11,6 +11,11 @@ these settings (1.4x), and the same losses. The cost: memory a step freed stays 
 (peak RSS of that run: 1,467 -> 1,550 MiB).
 
 Only glibc has `mallopt`; elsewhere (macOS, musl) this does nothing and says so.
+
+The setting is the whole process's allocator, so the `train` command applies it (cli.run_train),
+before anything is allocated; `train()` called as a library leaves its caller's process as it is
+(`decision` then says so). glibc has no getter for these thresholds, hence `decision` reports
+what this module did to the process rather than reading them back.
 """
 from __future__ import annotations
 
@@ -28,9 +33,27 @@ MMAP_THRESHOLD_BYTES = 32 * 2**20
 TRIM_THRESHOLD_BYTES = 2**30
 
 
+_NOT_ASKED = (False, "glibc defaults kept: only the `train` command changes the process's "
+                     "allocator, not train() called from a program")
+_outcome: tuple[bool, str] | None = None  # what keep_freed_memory did in this process
+
+
 def keep_freed_memory() -> tuple[bool, str]:
     """Sets glibc's mmap and trim thresholds for this process (and processes it forks later).
-    Returns (applied, reason) for the trainer's printed decisions."""
+    Returns (applied, reason) for the trainer's printed decisions, and remembers it (`decision`).
+    """
+    global _outcome
+    _outcome = _apply()
+    return _outcome
+
+
+def decision() -> tuple[bool, str]:
+    """(applied, reason) of the last keep_freed_memory in this process, or why it was not
+    called: the trainer prints it as `host_memory`."""
+    return _outcome or _NOT_ASKED
+
+
+def _apply() -> tuple[bool, str]:
     if not sys.platform.startswith("linux"):
         return False, f"{sys.platform}: glibc's mallopt is Linux-only"
     try:

@@ -1,12 +1,13 @@
 """`turbotrain info`: what the doctor knows about this machine, and what `train` would pick here.
 
-    turbotrain info [--data OUT] [--json]
+    turbotrain info [--data OUT] [--machine NAME] [--json]
 
 Versions (torch, torchvision, DALI, FFCV, Pillow or Pillow-SIMD, simplejpeg, OpenCV and their
 JPEG codecs), CPU cores and features (AVX-512, native bf16, AMX), GPUs and their memory, which
-pipelines can run, and train's automatic device / precision / compile / thread choices, each
-with its reason. With --data, also the pipeline `auto` would pick for that dataset, the image
-size, model and batch size.
+pipelines can run, and the plan `train` would make here (plan/): device / precision / compile /
+thread choices, each with its reason; with --data, every decision for that dataset (image size,
+model, batch size or its search bound, lr, warm-up, pipeline, threads). --machine plans for a
+machine we are not on (plan.PRESETS: cpu2, h200, 8xh200, 2x8xh200, ...).
 """
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import json
 import os
 import platform
 import sys
-from pathlib import Path
 
 PROG = "turbotrain info"
 CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16",
@@ -28,6 +28,9 @@ def add_info_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None,
                    help="a prepared dataset: also show what train would pick for it")
     p.add_argument("--json", action="store_true", help="print the facts as JSON")
+    p.add_argument("--machine", default=None, metavar="NAME",
+                   help="show the plan for a machine we are not on: cpu2, cpu16-avx2, h200, "
+                        "v100, 8xh200, 8xh200-torchrun, 2x8xh200 (train/plan/machine.py)")
 
 
 def _version(*distributions: str) -> str | None:
@@ -89,28 +92,27 @@ def versions() -> dict:
     return {k: v for k, v in found.items() if v is not None}
 
 
-def cpu() -> dict:
-    from .device import available_cores, cpu_has_native_bf16
+def cpu(machine) -> dict:
     import torch
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines()
-                  if line.startswith("model name")), platform.processor() or "unknown")
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    return {"model": model, "cores usable": available_cores(), "cores in machine": os.cpu_count(),
-            "features": [f for f in CPU_FEATURES if f in flags],
+    return {"model": machine.cpu_model if machine.cpu_model != "unknown" else
+            platform.processor() or "unknown",
+            "cores usable": machine.cores,
+            # a preset describes only what a process there may use
+            "cores in machine": os.cpu_count() if machine.name == "this machine"
+            else machine.cores,
+            "features": [f for f in CPU_FEATURES if f in machine.cpu_flags],
             "torch kernels": torch.backends.cpu.get_cpu_capability(),
-            "native bf16": cpu_has_native_bf16(), "AMX": "amx_tile" in flags}
+            "native bf16": machine.cpu_bf16, "AMX": "amx_tile" in machine.cpu_flags}
 
 
-def gpus() -> list[dict]:
+def gpus(machine=None) -> list[dict]:
+    """This machine's GPUs with their free memory; a preset's as it describes them."""
     import torch
+    if machine is not None:
+        return [{"index": i, "name": g.name, "memory GiB": round(g.memory_bytes / 2**30, 1),
+                 "free GiB": round(g.free / 2**30, 1),
+                 "compute capability": "{}.{}".format(*g.capability), "bf16": g.bf16}
+                for i, g in enumerate(machine.gpus)]
     if not torch.cuda.is_available():
         return []
     found = []
@@ -124,74 +126,70 @@ def gpus() -> list[dict]:
     return found
 
 
-def pipelines(device, dataset=None) -> dict[str, str]:
-    """name -> "usable" or why not. Without a dataset, `resident` states its budget."""
-    import torch
-    from turbotrain.pipeline import PipelineOptions, pipeline_names
-    from turbotrain.pipeline.auto import unavailable_reason  # auto's own checks
-    from turbotrain.pipeline.resident import memory_budget
+def pipelines(planned, facts=None) -> dict[str, str]:
+    """name -> "usable" or why not, on the plan's machine and device (auto's own rule).
+    Without a dataset, `resident` states its budget."""
+    from turbotrain.pipeline.auto import why_unavailable
+    from turbotrain.pipeline.resident import budget_of
+    machine, device = planned.machine, planned.device
+    gpu = machine.gpu if device.type == "cuda" else None
+    budget = budget_of(gpu.free if gpu is not None else machine.ram_bytes, device)
     status = {}
-    for name in pipeline_names():
-        if name == "resident" and dataset is None:
-            budget, how = memory_budget(device)
-            status[name] = f"usable when the decoded split fits in {budget / 2**30:.1f} GiB ({how})"
+    for name in machine.pipelines:
+        if name == "resident" and facts is None:
+            status[name] = (f"usable when the decoded split fits in {budget[0] / 2**30:.1f} GiB "
+                            f"({budget[1]})")
             continue
-        options = PipelineOptions(train=True, batch_size=64, image_size=224,
-                                  device=torch.device(device))
-        why_not = unavailable_reason(name, dataset, options)
+        need = facts.resident_bytes(planned.config.image_size) if facts is not None else 0
+        why_not = why_unavailable(name, registered=machine.pipelines,
+                                  installed=machine.installed, device_type=device.type,
+                                  resident_need=need, budget=budget)
         status[name] = "usable" if why_not is None else f"unavailable: {why_not}"
     return status
 
 
-def train_picks(data: str | None = None) -> tuple[dict[str, str], object, object]:
-    """What `train` would decide here: name -> "value: reason"; also the device and dataset."""
-    from .device import (available_cores, choose_compile, choose_compile_mode, choose_device,
-                         choose_precision, describe_gpu, plan_threads)
-    picks = {}
-    device_choice = choose_device("auto")
-    device = device_choice.value
-    picks["device"] = f"{device}: {device_choice.reason}"
-    gpu = describe_gpu(device)
-    precision = choose_precision("auto", device, gpu)
-    picks["precision"] = f"{precision.value}: {precision.reason}"
-    compile_choice = choose_compile(None, device, gpu)
-    picks["compile"] = f"{'on' if compile_choice.value else 'off'}: {compile_choice.reason}"
-    if compile_choice.value:
-        mode = choose_compile_mode(device, gpu)
-        picks["compile mode"] = f"{mode.value}: {mode.reason}"
-    cores = available_cores()
-    for label, jpeg in (("threads, JPEG data", 1.0), ("threads, raw data", 0.0)):
-        plan = plan_threads(device, cores=cores, workers=None, threads=None, jpeg_fraction=jpeg)
-        picks[label] = (f"{plan.workers} pipeline workers + {plan.torch_threads} torch threads: "
-                        f"{plan.reason}")
-    dataset = None
+def train_picks(data: str | None = None, machine=None):
+    """What `train --data DATA` would decide on `machine` (this one when None): the plan, and
+    name -> "value: reason" for each decision; without data, the machine's decisions and the
+    thread split for JPEG and for raw data."""
+    from turbotrain.pipeline.workers import split_cores
+    from .config import TrainConfig
+    from .plan import DatasetFacts, Machine, plan
+    machine = machine or Machine.detect()
+    facts = None
     if data is not None:
-        from turbotrain.pipeline import PipelineOptions, choose_pipeline
-        from .data import auto_image_size, open_split
-        from .models import auto_model
-        from .resolve import auto_batch_size
-        dataset = open_split(data, "train")
-        size, why = auto_image_size(dataset, device.type)
-        picks["image size"] = f"{size}: {why}"
-        picks["model"] = ": ".join(auto_model(size, device.type, len(dataset)))
-        from .config import TrainConfig
-        batch, why = auto_batch_size(size, device.type, len(dataset), TrainConfig.epochs)
-        picks["batch size"] = f"{batch}: {why} (lowered at start if it does not fit)"
-        name, why = choose_pipeline(dataset, PipelineOptions(train=True, batch_size=batch,
-                                                             image_size=size, device=device))
-        picks["pipeline"] = f"{name}: {why}"
-    return picks, device, dataset
+        from .data import open_split, open_val_split
+        val, missing = open_val_split(data)
+        facts = DatasetFacts.of(open_split(data, "train"), val, missing)
+    planned = plan(TrainConfig(data=data), facts, machine)
+    picks = {}
+    for name, decision in planned.decisions.items():
+        value = decision.value
+        if isinstance(value, bool):
+            value = "on" if value else "off"
+        picks[name.replace("_", " ")] = f"{value}: {decision.reason}"
+    for label, jpeg in (("threads, JPEG data", 1.0), ("threads, raw data", 0.0)):
+        split = split_cores(planned.device.type, cores=machine.cores_per_rank, workers=None,
+                            threads=None, jpeg_fraction=jpeg)
+        picks[label] = (f"{split.workers} pipeline workers + {split.torch_threads} torch "
+                        f"threads: {split.reason}")
+    return picks, planned, facts
 
 
-def gather(data: str | None = None) -> dict:
+def gather(data: str | None = None, machine_name: str | None = None) -> dict:
     from turbotrain import __version__
-    picks, device, dataset = train_picks(data)
-    return {"turbotrain": __version__, "versions": versions(), "cpu": cpu(), "gpus": gpus(),
-            "pipelines": pipelines(device, dataset), "train would pick": picks}
+    from .plan import Machine
+    preset = Machine.preset(machine_name) if machine_name else None
+    picks, planned, facts = train_picks(data, preset)
+    return {"turbotrain": __version__, "versions": versions(),
+            "machine": planned.machine.describe(), "cpu": cpu(planned.machine),
+            "gpus": gpus(preset), "pipelines": pipelines(planned, facts),
+            "train would pick": picks}
 
 
 def format_info(info: dict) -> str:
-    lines = [f"turbotrain {info['turbotrain']}", "", "versions:"]
+    lines = [f"turbotrain {info['turbotrain']}", f"machine: {info['machine']}", "",
+             "versions:"]
     lines += [f"  {k:<20} {v}" for k, v in info["versions"].items()]
     c = info["cpu"]
     features = " ".join(c["features"]) or "none of " + " ".join(CPU_FEATURES)
@@ -214,10 +212,11 @@ def format_info(info: dict) -> str:
 
 def run_info(args: argparse.Namespace) -> int:
     from turbotrain.datasets import DatasetError
+    from turbotrain.pipeline import PipelineError
     from .errors import TrainError
     try:
-        info = gather(args.data)
-    except (DatasetError, TrainError) as exc:
+        info = gather(args.data, getattr(args, "machine", None))
+    except (DatasetError, TrainError, PipelineError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(info, indent=2) if args.json else format_info(info))

@@ -1,5 +1,10 @@
 """The hot loop's two halves: one optimizer step over K micro-batches, and evaluation.
 
+`make_engine` builds the step (optimizer, GradScaler, StepEngine) for every tool that runs one:
+the trainer (builder.py), the batch finder's trial steps (batch_finder.py) and tune's rate
+measurement (tune.py), so what they measure is the step a run takes (fp16's GradScaler, the
+fused optimizer on CUDA, clipping and label smoothing included).
+
 Nothing here calls `.item()`: the loss is summed on the device and read at log points only, so
 on CUDA the CPU can queue the next steps while the GPU works (one `.item()` per step stalls the
 queue each step).
@@ -11,10 +16,11 @@ import time
 import torch
 from torch import nn
 
-from .device import autocast_context
+from .device import autocast_context, make_grad_scaler
 from .distributed import DistEnv, all_reduce_sum, sync_context
 from .ema import ModelEMA
 from .mixing import Mixer, soft_target_cross_entropy
+from .schedule import PEAK_LR, LRSchedule, build_optimizer
 
 
 class StepEngine:
@@ -22,19 +28,22 @@ class StepEngine:
     `accum_steps` micro-batches with the loss scaled by 1/K, so K micro-batches of B add up to
     the gradient of one batch of K*B.
 
-    With a `mixer` (--mixup / --cutmix, mixing.py) each micro-batch is mixed by its position
-    (epoch, micro-batch index) and trained on soft targets. With `clip_grad` > 0 the global
-    gradient norm is clipped once per optimizer step, after the GradScaler unscaled the
-    gradients; the norm stays on the device (`grad_norm`, read at log points)."""
+    Each optimizer step sets the groups' LRs from `schedule` and the step's number (None: the
+    LRs stay as the optimizer has them). With a `mixer` (--mixup / --cutmix, mixing.py) each
+    micro-batch is mixed by its position (epoch, micro-batch index) and trained on soft
+    targets. With `clip_grad` > 0 the global gradient norm is clipped once per optimizer step,
+    after the GradScaler unscaled the gradients; the norm stays on the device (`grad_norm`,
+    read at log points)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 schedule: LRSchedule | None,
                  scaler: torch.amp.GradScaler, *, device: torch.device, precision: str,
                  accum_steps: int, label_smoothing: float, channels_last: bool,
                  ema: ModelEMA | None = None, ema_source: nn.Module | None = None,
                  mixer: Mixer | None = None, clip_grad: float = 0.0):
         self.model = model  # possibly compiled and/or DDP-wrapped
         self.optimizer = optimizer
-        self.scheduler = scheduler
+        self.schedule = schedule
         self.scaler = scaler
         self.device = device
         self.precision = precision
@@ -65,7 +74,11 @@ class StepEngine:
             self.scaler.scale(loss).backward()
         return loss.detach()
 
-    def optimizer_step(self) -> None:
+    def optimizer_step(self, step: int) -> None:
+        """Steps the optimizer at the LRs of optimizer step `step` (the run's steps before
+        this one: a resumed run passes its counter, and the schedule needs nothing else)."""
+        if self.schedule is not None:
+            self.schedule.apply(self.optimizer, step)
         if self.clip_grad > 0:
             self.scaler.unscale_(self.optimizer)  # a no-op unless fp16; step() then won't redo it
             params = [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -74,7 +87,6 @@ class StepEngine:
         self.scaler.step(self.optimizer)  # skips the step when fp16 gradients hold inf/nan
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         if self.ema is not None:
             self.ema.update(self.ema_source)
 
@@ -83,9 +95,31 @@ class StepEngine:
         step's gradient norm before clipping."""
         return {} if self.grad_norm is None else {"grad_norm": float(self.grad_norm)}
 
-    @property
-    def lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
+    def lr(self, step: int) -> float:
+        """The first group's LR at optimizer step `step` (the head's, the peak one, with
+        --layer-decay)."""
+        group = self.optimizer.param_groups[0]
+        return group["lr"] if self.schedule is None else self.schedule.lr(step, group[PEAK_LR])
+
+
+def make_engine(model: nn.Module, *, device: torch.device, precision: str, channels_last: bool,
+                optimizer: str = "sgd", lr: float, weight_decay: float = 0.0,
+                momentum: float = 0.9, groups: list[dict] | None = None,
+                schedule: LRSchedule | None = None, accum_steps: int = 1,
+                label_smoothing: float = 0.0, clip_grad: float = 0.0,
+                train_model: nn.Module | None = None, ema: ModelEMA | None = None,
+                mixer: Mixer | None = None) -> StepEngine:
+    """The training step as a run takes it: `optimizer` over `model`'s parameters (or
+    `groups`), fused on CUDA, a GradScaler that is live under fp16 only, and the StepEngine.
+    `model`: the plain module the optimizer (and the EMA) follow; `train_model`: what runs the
+    forward pass (compiled and/or DDP-wrapped), `model` itself by default."""
+    opt = build_optimizer(model, name=optimizer, lr=lr, weight_decay=weight_decay,
+                          momentum=momentum, fused=device.type == "cuda", groups=groups)
+    return StepEngine(model if train_model is None else train_model, opt, schedule,
+                      make_grad_scaler(device, precision), device=device, precision=precision,
+                      accum_steps=accum_steps, label_smoothing=label_smoothing,
+                      channels_last=channels_last, ema=ema, ema_source=model, mixer=mixer,
+                      clip_grad=clip_grad)
 
 
 @torch.no_grad()

@@ -237,33 +237,5 @@ def build_model(spec: ModelSpec, num_classes: int, mean=None, std=None) -> Class
     return Classifier(spec.build(num_classes), mean, std)
 
 
-# `--model auto` for photos (> 64 px) on CUDA depends on the train split's size as well:
-# ResNet-50 from scratch wants ImageNet-scale data. Measured on the 2-core dev box, 2,000 of
-# the demo's shape photos (10 classes, 256 px; 500 val), 10 epochs at batch 128 (150 steps),
-# bf16, default recipe: airbench at 64 px 99.4 % val accuracy; ResNet-18 at 64 px 44.4 %,
-# ResNet-50 at 64 px 42.4 %, ResNet-18 at 112 px 31.0 %. A GPU default once trained ResNet-50
-# at 224 px on a 2,000-image two-class set to 58 % (issue 14). So below data.SMALL_SET images
-# a GPU trains photos at 64 px (the airbench net, as on a CPU); up to LARGE_SET, ResNet-18
-# (11.7 M weights, 1.8 GMAC at 224 px, against ResNet-50's 25.6 M and 4.1 GMAC: fewer weights
-# to fit from the same images, ~2.3x the steps per second); ResNet-50 from LARGE_SET on,
-# about ImageNet-100's size. The two thresholds are not measured (no GPU here, and 224 px
-# ResNets on 10,000-100,000 images are days on this CPU): `make gpu-check` runs the 2,000-image
-# case on a GPU.
-LARGE_SET = 100_000
-
-
-def auto_model(image_size: int, device_type: str,
-               num_samples: int | None = None) -> tuple[str, str]:
-    """(model name, reason) for `--model auto`; `num_samples`: the train split's size."""
-    if image_size <= 28:
-        return "compact28", f"{image_size} px images: the compact 28x28 net"
-    if image_size <= 64:
-        return "airbench", (f"{image_size} px images: the airbench net, 2.6x fewer FLOPs "
-                            "than ResNet-9 for CIFAR-class accuracy")
-    if device_type == "cuda":
-        if num_samples is not None and num_samples < LARGE_SET:
-            return "resnet18", (f"{num_samples:,} train images (< {LARGE_SET:,}) at "
-                                f"{image_size} px on CUDA: ResNet-18; ResNet-50 from scratch "
-                                "wants ImageNet-scale data")
-        return "resnet50", f"{image_size} px images on CUDA: ResNet-50"
-    return "resnet18", f"{image_size} px images on CPU: ResNet-18 (4.5x fewer FLOPs than -50)"
+# `--model auto`: the rule and its measurements are in plan/rules.py (model); importable here too.
+from .plan.rules import LARGE_SET, model as auto_model  # noqa: E402,F401

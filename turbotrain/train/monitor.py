@@ -1,10 +1,10 @@
-"""`RunMonitor`: the trainer's one handle on step timing, memory peaks, the `--profile` trace
+"""`RunMonitor`: the trainer's one handle on the step clock, memory peaks, the `--profile` trace
 window, the timeline picture and the doctor's verdict.
 
 The trainer calls, per micro-batch, `with monitor.waiting(): next(iterator)` and then
 `monitor.computed()` (or `monitor.step_done(step)` after an optimizer step); per log window
-`reset_window()` / `flush()` around its own synchronize; and `finish(run)` at the end.
-Totals cover the timed steps of this process (warm-up excluded, like images/s).
+`reset_window()` / `flush()` around its own synchronize, booking the flushed window in the run's
+timing ledger (ledger.py); and `finish(run, ledger)` at the end, which diagnoses that ledger.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from .doctor import Diagnosis, diagnose, facts_of_run
-from .device import device_memory_bytes, peak_device_memory_bytes, peak_host_memory_bytes
+from .device import peak_device_memory_bytes, peak_host_memory_bytes
+from .ledger import StepLedger
 from .profiling import StepClock, TraceWindow, WindowTimes
 from .timeline import TIMELINE_NAME, StepTimeline
 
@@ -36,9 +37,6 @@ class RunMonitor:
         self.trace = (TraceWindow(self.run_dir, device, first_step=warmup_steps + 1,
                                   steps=PROFILE_STEPS) if profile and writes_files else None)
         self.process_step = 0  # optimizer steps done by this process
-        self.seconds = self.data_wait = self.compute = 0.0
-        self.steps = self.images = 0
-        self._probes: list[float] = []
         self.last_window: WindowTimes | None = None
 
     # ------------------------------------------------------------------ the hot loop
@@ -79,19 +77,11 @@ class RunMonitor:
         """An untimed stretch (warm-up, evaluation, checkpoint) ended; the device is idle."""
         self.clock.reset()
 
-    def flush(self, images: int) -> WindowTimes:
-        """After the caller's synchronize: adds the window's timed steps, which took `images`
-        images (all ranks'), to the totals."""
+    def flush(self) -> WindowTimes:
+        """After the caller's synchronize: the window's timed steps (also drawn on the
+        timeline); the caller books them in its ledger."""
         window = self.last_window = self.clock.flush()
-        if window.steps:
-            self.seconds += window.seconds
-            self.data_wait += window.data_wait
-            self.compute += window.compute
-            self.steps += len(window.steps)
-            self.images += images
-            self.timeline.add(window.steps)
-            if window.host_issue_fraction is not None:
-                self._probes.append(window.host_issue_fraction)
+        self.timeline.add(window.steps)
         return window
 
     def window_record(self) -> dict:
@@ -107,22 +97,16 @@ class RunMonitor:
         return {"peak_host_memory_bytes": peak_host_memory_bytes(),
                 "peak_device_memory_bytes": peak_device_memory_bytes(self.device)}
 
-    def totals(self) -> dict:
-        probes = sorted(self._probes)
-        return {"seconds": self.seconds, "data_wait": self.data_wait, "compute": self.compute,
-                "steps": self.steps, "images": self.images,
-                # The median: one window's probe can catch a GC pause or a checkpoint's I/O.
-                "host_issue_fraction": probes[len(probes) // 2] if probes else None,
-                "peak_device_memory": peak_device_memory_bytes(self.device),
-                "device_memory": device_memory_bytes(self.device)}
-
     # ------------------------------------------------------------------ the end
 
-    def finish(self, run) -> tuple[Diagnosis, list[Path]]:
-        """Stops a running trace; writes timeline.png; returns the verdict and the files."""
+    def finish(self, run, ledger: StepLedger) -> tuple[Diagnosis | None, list[Path]]:
+        """Stops a running trace; writes timeline.png; returns the verdict on the run's
+        `ledger` and the files. The rank that writes files diagnoses (the verdict is printed
+        and saved there); the others return None."""
         files = self.trace.stop() if self.trace is not None else []
-        diagnosis = diagnose(facts_of_run(run, self.totals()))
+        diagnosis = None
         if self.writes_files:
+            diagnosis = diagnose(facts_of_run(run, ledger))
             title = f"{run.config.model}, {run.pipeline_name} pipeline, batch " \
                     f"{run.config.batch_size} on {self.device}"
             picture = self.timeline.plot(self.run_dir / TIMELINE_NAME, title)

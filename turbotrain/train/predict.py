@@ -169,9 +169,9 @@ class Batch:
 def load_batch(inputs: Inputs, numbers: range, image_size: int) -> Batch:
     """Reads, stores (as prepare-dataset would) and decodes (as the eval pipeline does) the
     inputs `numbers`; runs in a decode thread."""
+    from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
     from turbotrain.datasets.images import ImageError, encode_sample
     from turbotrain.datasets.untrusted import UnsafeInput
-    from turbotrain.pipeline.augment import SMALL_IMAGE_MAX_SIDE
     from turbotrain.pipeline.base import PipelineOptions
     from turbotrain.pipeline.cpu_decode import BatchDecoder, SampleDecodeError
     samples, where, errors = [], [], []
@@ -222,11 +222,13 @@ class Stats:
 def batches(inputs: Inputs, *, batch_size: int, image_size: int, workers: int):
     """Batch after batch, in input order, decoded by `workers` threads ahead of the caller (two
     batches queued per thread, as the pytorch pipeline queues them)."""
+    from turbotrain.pipeline.cpu_decode import ONE_CV2_THREAD
     from turbotrain.pipeline.pytorch import PREFETCH_PER_WORKER
     pending = iter(range(start, min(start + batch_size, len(inputs)))
                    for start in range(0, len(inputs), batch_size))
     in_flight: deque[Future] = deque()
-    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="turbotrain-predict") as pool:
+    with ONE_CV2_THREAD, ThreadPoolExecutor(max(1, workers),
+                                            thread_name_prefix="turbotrain-predict") as pool:
         def submit_next() -> None:
             numbers = next(pending, None)
             if numbers is not None:

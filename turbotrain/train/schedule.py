@@ -3,10 +3,17 @@
 Norm weights and biases (every parameter with fewer than 2 dimensions) get no weight decay:
 decaying a BatchNorm scale only changes the effective learning rate of the layer before it and
 costs accuracy on short runs.
+
+The learning rate is a pure function of the optimizer step (`lr_at`, like nanoGPT's get_lr):
+the training step sets each parameter group's LR from it (`LRSchedule.apply`), so there is no
+scheduler state to save, restore or patch on resume; the step count is the run's own counter.
+Each group's peak is its "lr" when the optimizer was built, kept in the group as "initial_lr"
+(torch's schedulers' key, so checkpoints written with a LambdaLR resume with the same peaks).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -23,6 +30,11 @@ def scaled_lr(base_lr_per_256: float, global_batch: int, optimizer: str) -> floa
 
 ADAMW_LR_PER_256 = 1e-3
 ADAMW_WEIGHT_DECAY = 0.05
+
+SCHEDULES = ("cosine", "linear", "onecycle")
+# The parameter-group key holding a group's peak LR (per-group scales of --layer-decay and the
+# fine-tuning groups included): the same key torch's LR schedulers use.
+PEAK_LR = "initial_lr"
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -44,40 +56,50 @@ def build_optimizer(model: nn.Module, *, name: str, lr: float, weight_decay: flo
     groups of their own (--layer-decay's, each with its "lr"), instead of `param_groups`."""
     groups = param_groups(model, weight_decay) if groups is None else groups
     if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True,
-                               fused=fused or None)
-    return torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999), fused=fused or None)
+        optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True,
+                                    fused=fused or None)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999),
+                                      fused=fused or None)
+    for group in optimizer.param_groups:  # each group's peak, for LRSchedule.apply
+        group.setdefault(PEAK_LR, group["lr"])
+    return optimizer
 
 
-class WarmupDecay:
-    """LR multiplier at optimizer step `step`: linear warm-up from 1/warmup to 1, then decay to 0
-    at `total` steps (cosine or linear). `onecycle` ramps up over the first 25% and down
-    linearly to 0, the triangular schedule of the fast CIFAR recipes.
-
-    A class, not a lambda, so LambdaLR's state_dict stores it and a resumed run gets it back.
-    """
-
-    def __init__(self, *, total: int, warmup: int, kind: str):
-        if kind not in ("cosine", "linear", "onecycle"):
-            raise ValueError(f"unknown schedule {kind!r}; choose one of: cosine, linear, onecycle")
-        self.total = max(1, total)
-        self.kind = kind
-        self.warmup = max(1, round(0.25 * self.total)) if kind == "onecycle" else max(0, warmup)
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        span = max(1, self.total - self.warmup)
-        progress = min(1.0, (step - self.warmup) / span)
-        if self.kind == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0 - progress
+def lr_at(step: int, *, total: int, warmup: int, kind: str, peak: float = 1.0) -> float:
+    """The learning rate of optimizer step `step` (0 = the first): linear warm-up from
+    peak/warmup to peak over `warmup` steps, then a decay to 0 at `total` steps, cosine or
+    linear. `onecycle` ignores `warmup`: it ramps up over the first 25% and down linearly to 0,
+    the triangular schedule of the fast CIFAR recipes. With peak 1, the multiplier."""
+    if kind not in SCHEDULES:
+        raise ValueError(f"unknown schedule {kind!r}; choose one of: {', '.join(SCHEDULES)}")
+    total = max(1, total)
+    warmup = max(1, round(0.25 * total)) if kind == "onecycle" else max(0, warmup)
+    if step < warmup:
+        return peak * ((step + 1) / warmup)
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if kind == "cosine":
+        return peak * (0.5 * (1.0 + math.cos(math.pi * progress)))
+    return peak * (1.0 - progress)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, *, total: int, warmup: int,
-                    kind: str) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupDecay(total=total, warmup=warmup,
-                                                                    kind=kind))
+@dataclass(frozen=True)
+class LRSchedule:
+    """The run's schedule: `lr_at` with its settings bound."""
+    total: int
+    warmup: int
+    kind: str
+
+    def __post_init__(self):
+        lr_at(0, total=self.total, warmup=self.warmup, kind=self.kind)  # checks `kind`
+
+    def lr(self, step: int, peak: float = 1.0) -> float:
+        return lr_at(step, total=self.total, warmup=self.warmup, kind=self.kind, peak=peak)
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Sets every parameter group's LR for optimizer step `step`, from its own peak."""
+        for group in optimizer.param_groups:
+            group["lr"] = self.lr(step, group[PEAK_LR])
 
 
 def auto_warmup_steps(total_steps: int) -> int:

@@ -6,11 +6,12 @@
 Timing: data wait is the time blocked in `next(iterator)` (on CUDA: the GPU's idle time before
 each batch, from CUDA events; see monitor.py and profiling.py); the rest of a step is compute.
 On CUDA the device is synchronised at log points, so each window's wall time is the GPU's too.
-The first optimizer steps of a process (compile, allocator and oneDNN/cuDNN warm-up) and
-evaluation are kept out of images/s. The end of a run prints the bottleneck verdict (doctor.py).
+Each window is booked once in the run's StepLedger (ledger.py), which keeps the first optimizer
+steps of a process (compile, allocator and oneDNN/cuDNN warm-up) and evaluation out of
+images/s; the summary and the bottleneck verdict printed at the end (doctor.py) both read it.
 
-What a checkpoint holds of the loop's state (Counters) is in trainer_state.py; the summary
-`train` returns and writes as summary.json is assembled in run_summary.py.
+What a checkpoint holds of the loop's state (Counters, the ledger) is in trainer_state.py; the
+summary `train` returns and writes as summary.json is assembled in run_summary.py.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from .distributed import (barrier, destroy_process_group, dist_env_from_environ,
                           mean_loss_and_any_stop, report_collective_failures_before_sigterm)
 from .errors import DistributedFailure, Interrupted, TrainingDiverged
 from .keep_best import WeightsKeeper
+from .ledger import StepLedger
 from .loop import evaluate, parameters_finite
 from .monitor import RunMonitor
 from .progress import Progress
@@ -46,6 +48,7 @@ class Trainer:
         self.config: TrainConfig = run.config
         self.main = run.env.is_main
         self.counters = Counters()
+        self.ledger = StepLedger()  # where the training time went: summary and verdict
         self.loss_window = torch.zeros((), device=run.device)  # summed on the device
         self.metrics = MetricsLog(run.run_dir, enabled=self.main,
                                   tensorboard=self.config.tensorboard)
@@ -114,11 +117,10 @@ class Trainer:
             if not will_step:
                 self.monitor.computed()
                 continue
-            engine.optimizer_step()
+            engine.optimizer_step(c.step)
             c.step += 1
             self.monitor.step_done(c.step)
             c.window_steps += 1
-            self.window_steps += 1
             self.process_steps += 1
             if self.process_steps <= self.warmup_steps:
                 self._end_warmup_step()
@@ -162,7 +164,6 @@ class Trainer:
         self.window_start = time.perf_counter()
         self.window_images = 0
         self.monitor.reset_window()
-        self.window_steps = 0
 
     def _sync(self) -> None:
         if self.run.device.type == "cuda":
@@ -170,25 +171,21 @@ class Trainer:
 
     def _end_warmup_step(self) -> None:
         self._sync()
-        self.counters.warmup_seconds += time.perf_counter() - self.window_start
+        self.ledger.book_warmup(time.perf_counter() - self.window_start)
         self.counters.images += self.window_images
         self._reset_timing_window()
 
     def _flush_timing(self) -> tuple[float | None, float | None]:
-        """Adds the timing window to the totals; returns its (images/s, data-wait fraction)."""
+        """Books the timing window in the ledger; returns its (images/s, data-wait fraction)."""
         self._sync()
-        c = self.counters
         # Wall time less any profiler export; on CUDA the data wait is the GPU's idle time.
-        window = self.monitor.flush(self.window_images)
+        window = self.monitor.flush()
         seconds = window.seconds
         # The slowest rank's loader sets the pace (the others wait for it inside the gradient
         # all-reduce, which counts as compute), so a window's data wait is the largest one.
         data_wait = max_over_ranks(window.data_wait, self.run.env, self.run.device)
-        c.timed_seconds += seconds
-        c.timed_images += self.window_images
-        c.timed_steps += self.window_steps
-        c.timed_data_wait += data_wait
-        c.images += self.window_images
+        self.ledger.book(window, self.window_images, data_wait)
+        self.counters.images += self.window_images
         # None (not 0) for a window that held only warm-up steps: nothing was timed.
         rate = self.window_images / seconds if self.window_images and seconds > 0 else None
         wait = data_wait / seconds if self.window_images and seconds > 0 else None
@@ -222,14 +219,14 @@ class Trainer:
         self.loss_window.zero_()
         c.window_steps = 0
         self.metrics.write({"kind": "step", "epoch": c.epoch, "epoch_float": self._epoch_float(),
-                            "step": c.step, "loss": loss, "lr": self.run.engine.lr,
+                            "step": c.step, "loss": loss, "lr": self.run.engine.lr(c.step),
                             "images_per_second": rate, "data_wait_fraction": wait,
                             **self.run.engine.log_record(),
                             **self.monitor.window_record(), "time": self.elapsed()})
-        mean_step = c.timed_seconds / c.timed_steps if c.timed_steps else 0.0
         self.progress.update(epoch=c.epoch, epochs=self.config.epochs, step=c.step, loss=loss,
                              images_per_second=rate, data_wait_fraction=wait,
-                             eta_seconds=mean_step * (self.run.total_steps - c.step))
+                             eta_seconds=self.ledger.mean_step_seconds
+                             * (self.run.total_steps - c.step))
         return stopping
 
     def _diverged(self, what: str) -> None:
@@ -277,16 +274,17 @@ class Trainer:
             self._diverged(f"the weights became non-finite (nan/inf) by step {c.step}")
         if self.main:
             counters = dataclasses.replace(c, wall_seconds=self.elapsed())
-            ckpt.save_atomic(checkpoint_state(run, counters, self.loss_window),
+            ckpt.save_atomic(checkpoint_state(run, counters, self.ledger, self.loss_window),
                              ckpt.checkpoint_path(run.run_dir))
         c.last_checkpoint_step = c.step
         barrier(run.env)
         self._reset_timing_window()
 
     def _restore(self, state: dict) -> None:
-        """Counters, RNG, loss window and pipeline position (the modules were restored when the
-        run was built); metrics logged after the checkpoint are dropped."""
-        self.counters, self.loss_window, self.pipeline_state = restore_state(self.run, state)
+        """Counters, timing ledger, RNG, loss window and pipeline position (the modules were
+        restored when the run was built); metrics logged after the checkpoint are dropped."""
+        self.counters, self.ledger, self.loss_window, self.pipeline_state = restore_state(
+            self.run, state)
         self.metrics.truncate_after(self.counters.step, self.counters.epoch)
 
     # ------------------------------------------------------------------ the end
@@ -314,20 +312,21 @@ class Trainer:
             self.progress.message(f"EMA weights: val_accuracy {ema_eval['val_accuracy']:.2%}")
         weights = self.keeper.finish(c, ema_eval if run.ema is not None else c.val)
         self.progress.close()
-        diagnosis, monitor_files = self.monitor.finish(run)
-        summary = run_summary(run, c, outcome=outcome, wall_seconds=self.elapsed(),
+        diagnosis, monitor_files = self.monitor.finish(run, self.ledger)
+        summary = run_summary(run, c, self.ledger, outcome=outcome, wall_seconds=self.elapsed(),
                               ema_result=ema_result, weights=weights, monitor=self.monitor,
                               diagnosis=diagnosis)
         if self.main:
-            for line in diagnosis.lines() + [f"wrote {path}" for path in monitor_files]:
+            lines = diagnosis.lines() if diagnosis is not None else []
+            for line in lines + [f"wrote {path}" for path in monitor_files]:
                 print(line, flush=True)
             write_summary(run.run_dir, summary)
             plot_curves(run.run_dir)
             self.metrics.close()
-            val, timed = c.val or {}, c.timed_seconds
+            val, rate = c.val or {}, summary["images_per_second"]
             print(f"done: {c.step} steps, val_accuracy "
                   + (f"{val['val_accuracy']:.2%}" if val else "n/a")
-                  + (f", {summary['images_per_second']:,.0f} images/s" if timed else "")
+                  + (f", {rate:,.0f} images/s" if rate is not None else "")
                   + f", {summary['wall_seconds']:.0f} s; results in {run.run_dir}", flush=True)
         return summary
 

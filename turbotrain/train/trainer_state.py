@@ -1,12 +1,16 @@
 """The trainer's state in a checkpoint: `Counters` (where the run is) and the dict written.
 
 `checkpoint_state` assembles what checkpoint.save_atomic writes: the modules' state (model,
-optimizer, scheduler, scaler, EMA), every RNG state, the pipeline's position, the counters, the
-loss summed since the last log point, the saved config and the world size. `restore_state`
-reads back what the modules do not hold (builder.restore_modules restored those when the run
-was built): counters, RNG, loss window and pipeline position, each checked, so that a
-checkpoint that does not fit is one TrainError line (checkpoint.damaged), not a failure steps
-later.
+optimizer, scaler, EMA), every RNG state, the pipeline's position, the counters, the timing
+ledger (ledger.py, under "timing"), the loss summed since the last log point, the saved config
+and the world size. There is no scheduler state: the LR is a function of `Counters.step`
+(schedule.lr_at), each parameter group's peak kept in the optimizer's state; a checkpoint
+written before that holds a "scheduler" entry, which is not read. A checkpoint written before
+the ledger has no "timing": its counters held the sums (timed_seconds, ...; ledger.
+LEGACY_COUNTERS), which become the ledger. `restore_state` reads back what the modules do not
+hold (builder.restore_modules restored those when the run was built): counters, timing, RNG,
+loss window and pipeline position, each checked, so that a checkpoint that does not fit is one
+TrainError line (checkpoint.damaged), not a failure steps later.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ import torch
 
 from . import checkpoint as ckpt
 from .builder import Run
+from .ledger import LEGACY_COUNTERS, StepLedger
+from .schedule import PEAK_LR
 
 
 @dataclass
@@ -27,12 +33,7 @@ class Counters:
     step: int = 0  # optimizer steps done
     images: int = 0  # images trained on, all ranks
     wall_seconds: float = 0.0  # elapsed before this process started (resumed runs)
-    timed_seconds: float = 0.0  # training time counted in images/s
-    timed_images: int = 0
-    timed_steps: int = 0
-    timed_data_wait: float = 0.0
-    warmup_seconds: float = 0.0
-    eval_seconds: float = 0.0
+    eval_seconds: float = 0.0  # (the step timing is the ledger's: ledger.py)
     window_steps: int = 0  # steps in the current loss window
     epoch_loss_sum: float = 0.0
     epoch_steps: int = 0
@@ -62,7 +63,19 @@ def _saved_counters(saved: dict) -> Counters:
     return counters
 
 
-def checkpoint_state(run: Run, counters: Counters, loss_window: torch.Tensor) -> dict:
+def _check_peak_lrs(optimizer: torch.optim.Optimizer) -> None:
+    """The schedule scales each group's peak LR, which the restored optimizer state brought
+    (also in checkpoints from before the schedule was a function of the step: LambdaLR kept it
+    under the same key); without one the first step would fail far from the cause."""
+    for group in optimizer.param_groups:
+        peak = group.get(PEAK_LR)
+        if type(peak) not in (int, float) or not peak >= 0:
+            raise ValueError(f"optimizer parameter group without a peak LR ({PEAK_LR} "
+                             f"{peak!r:.40})")
+
+
+def checkpoint_state(run: Run, counters: Counters, ledger: StepLedger,
+                     loss_window: torch.Tensor) -> dict:
     """Everything a resumed run needs, as checkpoint.save_atomic writes it (rank 0)."""
     engine = run.engine
     pipeline_state = {**run.train_pipeline.state_dict(), "epoch": counters.epoch,
@@ -70,25 +83,31 @@ def checkpoint_state(run: Run, counters: Counters, loss_window: torch.Tensor) ->
     return {
         "model": run.model.state_dict(),
         "optimizer": engine.optimizer.state_dict(),
-        "scheduler": engine.scheduler.state_dict(),
         "scaler": engine.scaler.state_dict(),
         "ema": run.ema.state_dict() if run.ema is not None else None,
         "rng": ckpt.capture_rng(),
         "pipeline": pipeline_state,
         "counters": dataclasses.asdict(counters),
+        "timing": ledger.state_dict(),
         "loss_window": loss_window.detach().cpu().clone(),
         "config": run.config.to_saved_dict(),
         "world_size": run.env.world_size,
     }
 
 
-def restore_state(run: Run, state: dict) -> tuple[Counters, torch.Tensor, dict | None]:
-    """(counters, loss window on the run's device, pipeline position to load after set_epoch or
-    None at an epoch's start) from a checkpoint's `state`; restores the RNG states. A state that
-    does not fit is one TrainError line (checkpoint.damaged)."""
+def restore_state(run: Run, state: dict
+                  ) -> tuple[Counters, StepLedger, torch.Tensor, dict | None]:
+    """(counters, timing ledger, loss window on the run's device, pipeline position to load
+    after set_epoch or None at an epoch's start) from a checkpoint's `state`; restores the RNG
+    states. A state that does not fit is one TrainError line (checkpoint.damaged)."""
     try:
-        counters = _saved_counters(state["counters"])
+        saved = dict(state["counters"])
+        legacy = {key: saved.pop(key) for key in LEGACY_COUNTERS if key in saved}
+        counters = _saved_counters(saved)
+        ledger = (StepLedger.from_state(state["timing"]) if "timing" in state
+                  else StepLedger.from_legacy_counters(legacy))
         counters.last_checkpoint_step = counters.step
+        _check_peak_lrs(run.engine.optimizer)
         loss_window = state["loss_window"]
         if loss_window.dim() != 0 or not loss_window.is_floating_point():
             raise ValueError(f"loss_window of shape {tuple(loss_window.shape)} and type "
@@ -103,4 +122,4 @@ def restore_state(run: Run, state: dict) -> tuple[Counters, torch.Tensor, dict |
             pipeline_state = saved_position
     except ckpt.RESTORE_ERRORS as exc:
         raise ckpt.damaged(ckpt.checkpoint_path(run.run_dir), exc) from None
-    return counters, loss_window, pipeline_state
+    return counters, ledger, loss_window, pipeline_state

@@ -12,9 +12,11 @@ otherwise spend before the first pipeline is measured).
    activation-memory estimate on CPU); with --global-batch-size, the largest divisor of it that
    fits, and the accumulation that makes up the rest.
 2. Each usable pipeline x worker count, the loader alone (`bench.steady_rate`, images/s).
-3. The fastest loader settings again with the model's training step (eager; `train` may compile,
-   which only speeds the compute side), timed by the trainer's own StepClock: images/s and the
-   share of the step spent waiting for data. On CPU, torch gets the cores the workers leave.
+3. The fastest loader settings again with the model's training step: the trainer's own
+   (loop.make_engine: the GradScaler under fp16, the fused optimizer on CUDA), eager (`train`
+   may compile, which only speeds the compute side), timed by the trainer's own StepClock:
+   images/s and the share of the step spent waiting for data. On CPU, torch gets the cores the
+   workers leave.
 The best measured row becomes the recommended `train` command.
 """
 from __future__ import annotations
@@ -80,28 +82,42 @@ def worker_counts(cores: int, device_type: str) -> list[int]:
 # ---------------------------------------------------------------------------- the sweep
 
 class Sweep:
-    def __init__(self, args: argparse.Namespace):
+    """Varies train's plan (plan/): the same model, image size, precision and batch rule as
+    `train` on this machine, with the pipeline and the workers of each row."""
+
+    def __init__(self, args: argparse.Namespace, machine=None):
         import torch
 
-        from .data import auto_image_size, jpeg_fraction, open_split
-        from .device import (available_cores, choose_channels_last, choose_device,
-                             choose_precision)
-        from .models import auto_model, get_model_spec
+        from .config import TrainConfig
+        from .data import open_split
+        from .plan import DatasetFacts, Machine, plan
         self.started = self.sweep_started = time.perf_counter()
         self.budget = max(1.0, args.budget_seconds)
         self.dataset = open_split(args.data, "train")
-        self.device = choose_device(args.device).value
-        self.image_size = args.image_size or auto_image_size(self.dataset, self.device.type)[0]
-        model = args.model if args.model != "auto" else auto_model(
-            self.image_size, self.device.type, len(self.dataset))[0]
-        self.spec = get_model_spec(model)
-        self.precision = choose_precision(args.precision, self.device).value
-        self.channels_last = choose_channels_last(None, self.spec.conv).value
-        self.cores = available_cores()
-        self.jpeg = jpeg_fraction(self.dataset)
+        self.facts = DatasetFacts.of(self.dataset)
+        self.machine = machine or Machine.detect()
+        # --global-batch-size is batch_plan's: a sweep for speed plans without it (train
+        # would also refuse one larger than the split; tune still says how to reach it).
+        self.config = TrainConfig(data=str(args.data), model=args.model,
+                                  image_size=args.image_size, device=args.device,
+                                  precision=args.precision, optimizer=args.optimizer)
+        self.plan = plan(self.config, self.facts, self.machine)
+        self.device = self.plan.device
+        self.image_size = self.plan.config.image_size
+        self.spec = self.plan.spec
+        self.precision = self.plan.config.precision
+        self.channels_last = self.plan.config.channels_last
+        self.cores = self.machine.cores_per_rank
         self.args = args
         self.torch = torch
         self.torch_threads_before = torch.get_num_threads()
+
+    def row_plan(self, name: str, workers: int, opened=None):
+        """train's plan with `--pipeline name --workers workers` (and, once it is open, what the
+        pipeline says about itself: its CPU workers leave torch the other cores)."""
+        from .plan import Observed, plan
+        return plan(self.config.replace(pipeline=name, workers=workers), self.facts,
+                    self.machine, Observed(pipeline=opened))
 
     def seconds_left(self) -> float:
         return self.budget - (time.perf_counter() - self.sweep_started)
@@ -114,27 +130,29 @@ class Sweep:
     # ------------------------------------------------------------------ 1. batch
 
     def batch_plan(self) -> dict:
-        from .batch_finder import MAX_BATCH, divisor_at_most, find_batch_size
-        from .resolve import auto_batch_size
-        target = self.args.global_batch_size
-        limit = min(target or MAX_BATCH, len(self.dataset))
-        fit = find_batch_size(self.build_model, num_classes=self.dataset.num_classes,
-                              image_size=self.image_size, device=self.device,
-                              precision=self.precision, channels_last=self.channels_last,
-                              optimizer=self.args.optimizer, limit=limit)
-        if fit.batch_size < 1:
-            raise ValueError(f"not even one {self.image_size} px image fits in memory for "
-                             f"{self.spec.name} ({fit.how})")
+        """The plan's batch search (train's, leaving the same room for the resident store),
+        reported up to MAX_BATCH (or the global batch) rather than up to train's preferred
+        batch; the recommendation is what train's rule makes of the answer (batch_from_fit),
+        with --global-batch-size the largest divisor of it and the accumulation."""
+        from . import batch_finder as bf
+        from .plan import rules
+        search, target = self.plan.batch_search, self.args.global_batch_size
         if target:
-            micro = divisor_at_most(target, fit.batch_size)
-            accum = target // micro
-        else:
-            from .config import TrainConfig
-            preferred, _ = auto_batch_size(self.image_size, self.device.type, len(self.dataset),
-                                           TrainConfig.epochs)
-            micro, accum = min(fit.batch_size, preferred), 1
+            search = rules.batch_search(preferred=(target, ""), global_batch=target,
+                                        world_size=1, count=len(self.dataset),
+                                        reserve_bytes=search.reserve_bytes)
+        fit = bf.find_batch_size(self.build_model, num_classes=self.dataset.num_classes,
+                                 image_size=self.image_size, device=self.device,
+                                 precision=self.precision, channels_last=self.channels_last,
+                                 optimizer=self.args.optimizer,
+                                 limit=min(target or bf.MAX_BATCH, len(self.dataset)),
+                                 reserve_bytes=search.reserve_bytes)
+        batch = rules.batch_from_fit(search, fit, count=len(self.dataset), model=self.spec.name,
+                                     image_size=self.image_size).value
+        accum = rules.accum_for_global_batch(target, 1, batch, 1).value if target else 1
         return {"largest_fitting": fit.batch_size, "search_limit": fit.limit, "how": fit.how,
-                "batch_size": micro, "accum_steps": accum}
+                "reserve_bytes": search.reserve_bytes, "batch_size": batch,
+                "accum_steps": accum}
 
     # ------------------------------------------------------------------ 2. loader alone
 
@@ -160,19 +178,20 @@ class Sweep:
 
     # ------------------------------------------------------------------ 3. with the model
 
-    def train_rate(self, row: Row, model, optimizer, batch: int, seconds: float) -> None:
+    def train_rate(self, row: Row, engine, batch: int, seconds: float) -> None:
+        """Images/s and the data-wait share of `engine`'s training steps (loop.make_engine:
+        the trainer's step) on the row's pipeline, timed by the trainer's StepClock."""
         from turbotrain.pipeline.bench import endless  # epochs back to back
 
-        from .builder import threads_after_pipeline
-        from .device import ThreadPlan, apply_torch_threads, autocast_context
+        from .device import apply_torch_threads
+        from .plan import OpenedPipeline
         from .profiling import StepClock
         torch = self.torch
-        criterion = torch.nn.CrossEntropyLoss()
-        memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         pipeline = self.build_pipeline(row.pipeline, row.workers, batch)
-        if self.device.type == "cpu":  # as in train: cores a loader leaves idle go to torch
-            plan = ThreadPlan(self.cores, row.workers, row.threads, "")
-            row.threads = threads_after_pipeline(plan, pipeline).torch_threads
+        # As in train: cores a loader leaves idle go to torch.
+        opened = OpenedPipeline(row.pipeline, len(pipeline), getattr(pipeline, "cpu_workers",
+                                                                     None))
+        row.threads = self.row_plan(row.pipeline, row.workers, opened).threads.torch_threads
         apply_torch_threads(row.threads)
         clock = StepClock(self.device)
         images_done, step = 0, 0
@@ -189,12 +208,8 @@ class Sweep:
                     deadline = time.perf_counter() + seconds
                 with clock.waiting():
                     images, labels = next(stream)
-                with autocast_context(self.device, self.precision):
-                    loss = criterion(model(images.contiguous(memory_format=memory_format)),
-                                     labels)
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                engine.micro_step(images, labels, will_step=True)
+                engine.optimizer_step(step)
                 step += 1
                 clock.computed(step)
                 if step > WARMUP_BATCHES:
@@ -210,13 +225,25 @@ class Sweep:
         row.train_images_per_second = images_done / window.seconds
         row.data_wait_fraction = window.data_wait / window.seconds
 
+    def engine(self):
+        """train's step for this plan (loop.make_engine, as builder.py makes it): its optimizer,
+        GradScaler, label smoothing and clipping, one micro-batch per step. The LR is tiny
+        and constant: only the speed is measured, on one model for every row."""
+        from .loop import make_engine
+        c = self.plan.config
+        model = self.build_model().to(self.device, memory_format=self.torch.channels_last
+                                      if self.channels_last else self.torch.contiguous_format)
+        return make_engine(model, device=self.device, precision=self.precision,
+                           channels_last=self.channels_last, optimizer=c.optimizer, lr=1e-4,
+                           weight_decay=c.weight_decay or 0.0, momentum=c.momentum,
+                           label_smoothing=c.label_smoothing, clip_grad=c.clip_grad)
+
     # ------------------------------------------------------------------ all of it
 
     def run(self, progress: bool) -> dict:
         from tqdm import tqdm
 
         from turbotrain.pipeline import PipelineError, pipeline_names
-        from .schedule import build_optimizer
         plan = self.batch_plan()
         self.sweep_started = time.perf_counter()  # the budget is the sweep's (module docstring)
         batch = plan["batch_size"]  # at most the split: the search limit is
@@ -247,10 +274,7 @@ class Sweep:
                 skip.add(row.pipeline)
         measured = sorted((r for r in rows if r.loader_images_per_second),
                           key=lambda r: -r.loader_images_per_second)[:MAX_MODEL_ROWS]
-        model = self.build_model().to(self.device, memory_format=self.torch.channels_last
-                                      if self.channels_last else self.torch.contiguous_format)
-        optimizer = build_optimizer(model, name=self.args.optimizer, lr=1e-4, weight_decay=0.0,
-                                    momentum=0.9, fused=self.device.type == "cuda")
+        engine = self.engine()
         try:
             for i, row in enumerate(measured):
                 bar.update(1)
@@ -258,7 +282,7 @@ class Sweep:
                 if left <= 0 and i > 0:
                     row.note = "model step skipped: out of time"
                     continue
-                self.train_rate(row, model, optimizer, batch,
+                self.train_rate(row, engine, batch,
                                 max(0.5, left / (len(measured) - i)))
         finally:
             bar.close()
@@ -273,9 +297,7 @@ class Sweep:
                 "command": self.command(best, plan) if best else None}
 
     def _threads_for(self, workers: int) -> int:
-        from .device import plan_threads
-        return plan_threads(self.device, cores=self.cores, workers=workers, threads=None,
-                            jpeg_fraction=self.jpeg).torch_threads
+        return self.row_plan("auto", workers).budget.torch_threads
 
     def command(self, best: Row, plan: dict) -> str:
         parts = ["turbotrain train", f"--data {self.args.data}", f"--pipeline {best.pipeline}",

@@ -1,0 +1,115 @@
+"""What the benchmark scripts share, so each says only what it measures.
+
+* `run_child`: a contender in a fresh process (no warm interpreter, thread pool or compiled
+  state carried over), whose last stdout line is a JSON object (`print_result` writes it);
+  the load average when it started is kept with the result, since the machine is shared.
+* `interleaved` and `best`: every contender once per round, in turn, so that a busy
+  neighbour hurts all alike, and the best round counting.
+* `ratio_goal`, `command_line`, `write_results`: what every result file holds besides its
+  numbers: its goals (bench/report.py reads them from the JSON, never from a copy of its
+  own), the exact command and the JSON itself.
+
+Scripts import it as `common` (bench/ is the script's folder, hence first on sys.path).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+def print_result(result: dict) -> None:
+    """A child's result: one JSON line, the last of its output (run_child reads it)."""
+    print(json.dumps(result), flush=True)
+
+
+def run_child(argv: list, *, timeout: float = 900, env: dict | None = None,
+              cwd: Path | None = None) -> dict:
+    """`python ARGV...` in a fresh process; the JSON object on its last stdout line plus
+    "load" (the 1-minute load average when it started). A child that fails, times out or
+    prints no JSON gives {"error": one line, "load": ...} instead."""
+    load = load_average()
+    command = [sys.executable, *map(str, argv)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=env, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:g} s", "load": load}
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {done.returncode}: {tail}", "load": load}
+    try:
+        result = json.loads((done.stdout.strip().splitlines() or [""])[-1])
+    except json.JSONDecodeError:
+        return {"error": f"no result line: {done.stdout.strip()[-200:]!r}", "load": load}
+    return {**result, "load": load}
+
+
+def rate_line(result: dict) -> str:
+    """How `interleaved` shows a result by default: its images/s, or its error."""
+    rate = result.get("images_per_second")
+    shown = f"{rate:,.0f} images/s" if rate else result.get("error", "no result")
+    return shown + (f"  (load {result['load']:.2f})" if "load" in result else "")
+
+
+def interleaved(rounds: int, contenders: dict[str, Callable[[], dict]],
+                show: Callable[[dict], str] = rate_line) -> dict[str, list[dict]]:
+    """Runs every contender once per round, in turn, printing each result as it comes;
+    returns each one's results, round by round."""
+    runs: dict[str, list[dict]] = {name: [] for name in contenders}
+    width = max((len(name) for name in contenders), default=0)
+    for round_ in range(rounds):
+        for name, run in contenders.items():
+            runs[name].append(run())
+            print(f"round {round_ + 1} {name:<{width}}  {show(runs[name][-1])}", flush=True)
+    return runs
+
+
+def best_run(runs: list[dict], metric: str = "images_per_second", *,
+             lowest: bool = False) -> dict | None:
+    """The run with the highest `metric` (the lowest, for times); None when none has one."""
+    measured = [r for r in runs if r.get(metric) is not None]
+    if not measured:
+        return None
+    return (min if lowest else max)(measured, key=lambda r: r[metric])
+
+
+def best(runs: list[dict], metric: str = "images_per_second", *,
+         lowest: bool = False) -> float | None:
+    """best_run's value of `metric`."""
+    run = best_run(runs, metric, lowest=lowest)
+    return None if run is None else run[metric]
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else numerator / denominator
+
+
+def ratio_goal(what: str, measured: float | None, goal: float) -> dict:
+    """A goal as a result file records it: `measured` (a ratio) must be at least `goal`;
+    "met" is None when nothing was measured. report.py shows it in the goals table."""
+    return {"what": what, "ratio": measured, "goal": goal,
+            "met": None if measured is None else measured >= goal}
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    """The command a result file records: `python bench/SCRIPT ARGS` (no venv path), the
+    same form run_all.py runs and BENCHMARKS.md shows."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python", f"bench/{Path(script).name}", *args])
+
+
+def write_results(path: Path, result: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return path

@@ -1,0 +1,312 @@
+"""`plan(config, facts, machine, observed) -> Plan`: every automatic choice of a run, made in one
+pure function, each value with its reason.
+
+No file, device or global is read or changed here: what the plan needs about the world comes in
+as values (Machine, DatasetFacts, Observed), so a plan for another machine is computed the same
+way (tests/train/test_plan.py). What only a measurement can answer is an explicit input:
+
+* the batch size (`--batch-size auto`): the plan says "search up to N, leaving R bytes for the
+  resident store" (`Plan.batch_search`); builder.build_run runs batch_finder and plans again
+  with the BatchFit in `Observed.batch_fit`, which the same rule turns into the batch;
+* a pipeline that fails to open although it looked usable (`Observed.unopenable`): planning
+  again skips it, in the same fallback order;
+* the opened pipeline's batches per epoch and CPU workers (`Observed.pipeline`): the schedule's
+  length and torch's share of the cores; before opening, the plan predicts both;
+* the starting weights' card (`Observed.weights`, finetune.weights_facts) and, for
+  `--resume auto`, what --out holds (`Observed.out_names`); the host allocator setting that
+  `train` applied (`Observed.host_memory`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from turbotrain.pipeline.resident import budget_of
+from turbotrain.pipeline.workers import ThreadPlan, after_pipeline, split_cores
+
+from ..config import AUTO, TrainConfig
+from ..errors import TrainError
+from . import rules
+from .facts import DatasetFacts, WeightsFacts
+from .machine import Machine
+from .rules import BatchSearch, Decision
+
+# The order decisions are printed in at the start of a run.
+ORDER = ("device", "resume", "host_memory", "evaluation", "image_size", "model", "model_kwargs",
+         "batch_size", "accum_steps", "lr", "weight_decay", "worker_mode", "precision",
+         "compile", "compile_mode", "channels_last", "pipeline", "threads", "warmup_steps")
+# Pipelines that make their batches in the training process, between steps, and so leave
+# torch every core (their `cpu_workers` is 0: resident.py says why).
+LOADS_IN_PROCESS = ("resident",)
+_NOT_LISTED = object()
+
+
+@dataclass(frozen=True)
+class OpenedPipeline:
+    """What the opened train pipeline says about itself."""
+    name: str
+    batches: int  # len(pipeline): batches per epoch on this rank
+    cpu_workers: int | None  # CPU workers busy beside the model (None: not declared)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The plan's inputs that come from measuring or reading something (module docstring)."""
+    weights: WeightsFacts | None = None
+    out_names: object = _NOT_LISTED  # --out's names for --resume auto (None: no such folder)
+    host_memory: tuple[bool, str] | None = None
+    batch_fit: object = None  # batch_finder.BatchFit
+    unopenable: tuple[tuple[str, str], ...] = ()  # (pipeline, why it failed to open)
+    pipeline: OpenedPipeline | None = None
+
+    def replace(self, **changes) -> Observed:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: TrainConfig  # every auto resolved (RUNDIR/config.yaml); batch_size: see batch_search
+    machine: Machine
+    decisions: dict[str, Decision]  # in ORDER
+    spec: object = None  # models.ModelSpec (None: planned without data)
+    budget: ThreadPlan | None = None  # the split of the cores the pipeline is opened with
+    threads: ThreadPlan | None = None  # ... and after it (a pipeline may leave cores to torch)
+    batch_search: BatchSearch | None = None  # the batch still has to be measured
+    steps_per_epoch: int | None = None
+    total_steps: int | None = None
+
+    def __getitem__(self, name: str) -> Decision:
+        return self.decisions[name]
+
+    def value(self, name: str, default=None):
+        decision = self.decisions.get(name)
+        return default if decision is None else decision.value
+
+    @property
+    def device(self) -> torch.device:
+        return self.decisions["device"].value
+
+    @property
+    def compile_mode(self) -> str | None:
+        return self.value("compile_mode")
+
+    @property
+    def lines(self) -> dict[str, str]:
+        """What a run prints at start and keeps in summary.json: name -> "value: reason"."""
+        return {name: d.line() for name, d in self.decisions.items() if d.shown}
+
+
+def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
+         observed: Observed = Observed()) -> Plan:
+    """Every automatic setting of `config` resolved for `facts` on `machine` (module docstring).
+    Without facts (no dataset), only the machine's decisions. Raises TrainError for settings
+    that contradict each other or the data, PipelineError when no pipeline can run."""
+    d: dict[str, Decision] = {}
+    device = _decide(d, "device", rules.device(config.device, machine.gpus,
+                                                     machine.local_rank)).type
+    gpu = machine.gpu if device == "cuda" else None
+    config = _resume(d, config, observed)
+    d["host_memory"] = _host_memory(machine, observed)
+    precision = _decide(d, "precision",
+                        rules.precision(config.precision, device, gpu, machine.cpu_bf16))
+    compiled = _decide(d, "compile", rules.compile_model(config.compile, device, gpu))
+    if compiled:
+        d["compile_mode"] = rules.compile_mode(device, gpu)
+    config = config.replace(precision=precision, compile=compiled, device=device)
+    if facts is None:
+        return Plan(config, machine, _ordered(d))
+
+    if facts.val_count is None:
+        d["evaluation"] = Decision("none", facts.val_missing)
+    weights = _weights(config, observed)
+    config, spec = _model(d, config, facts, device, weights)
+    channels_last = _decide(d, "channels_last",
+                            rules.channels_last(config.channels_last, spec.conv))
+    need = facts.resident_bytes(config.image_size)  # the resident store, and its budget here
+    room = budget_of(gpu.free if gpu is not None else machine.ram_bytes, d["device"].value)
+    pipeline = _pipeline(d, config, machine, observed, need, room)
+    # The resident store is decoded after the batch is chosen: a search leaves it room.
+    reserve = need if pipeline == "resident" and need <= room[0] else 0
+    batch, search = _batch(d, config, facts, machine, spec, reserve, observed)
+    config = _optimizer(d, config.replace(batch_size=batch), facts, machine, spec, weights)
+    budget, threads = _threads(d, config, facts, machine, device, pipeline, observed)
+    config, steps, total = _schedule(d, config, facts, machine, pipeline, observed)
+    config = config.replace(pipeline=pipeline, channels_last=channels_last,
+                            workers=threads.workers, threads=threads.torch_threads)
+    return Plan(config, machine, _ordered(d), spec=spec, budget=budget, threads=threads,
+                batch_search=search, steps_per_epoch=steps, total_steps=total)
+
+
+def _decide(d: dict, name: str, decision: Decision):
+    d[name] = decision
+    return decision.value
+
+
+def _ordered(d: dict[str, Decision]) -> dict[str, Decision]:
+    return {name: d[name] for name in ORDER if name in d}
+
+
+def _resume(d: dict, config: TrainConfig, observed: Observed) -> TrainConfig:
+    if config.resume != AUTO:
+        return config
+    if observed.out_names is _NOT_LISTED:  # info, tune: not started, --out not looked at
+        d["resume"] = Decision(AUTO, "decided at start from what --out holds")
+        return config
+    from ..checkpoint import CHECKPOINT_NAME
+    d["resume"] = rules.resume(config.out, observed.out_names, CHECKPOINT_NAME)
+    return config.replace(resume=d["resume"].value)
+
+
+def _host_memory(machine: Machine, observed: Observed) -> Decision:
+    if observed.host_memory is not None:
+        kept, why = observed.host_memory
+        return Decision("kept for reuse" if kept else "glibc defaults", why)
+    if machine.platform.startswith("linux"):
+        return Decision("kept for reuse", "glibc keeps freed blocks up to 32 MiB for reuse "
+                        "(host_memory.py): measured 1.4x faster CPU steps")
+    return Decision("glibc defaults", f"{machine.platform}: glibc's mallopt is Linux-only")
+
+
+def _weights(config: TrainConfig, observed: Observed) -> WeightsFacts | None:
+    from ..finetune import from_weights
+    if config.resume is True or not from_weights(config):
+        return None
+    weights = observed.weights
+    if weights is not None and weights.error:
+        raise TrainError(weights.error)
+    return weights
+
+
+def _model(d: dict, config: TrainConfig, facts: DatasetFacts, device: str,
+           weights: WeightsFacts | None):
+    """Image size, model and its arguments: asked for, else what the starting weights imply,
+    else the rules for the data and the device."""
+    from ..model_args import canonical, parse_model_kwargs
+    from ..models import get_model_spec
+    hint = weights or WeightsFacts()
+    size = config.image_size
+    if size is None and hint.image_size is not None:
+        size = _decide(d, "image_size", Decision(
+            hint.image_size, f"{hint.image_size} px, the size the --init-from weights learnt at"))
+    if size is None:
+        size = _decide(d, "image_size", rules.image_size(facts.largest_side, facts.train_count,
+                                                         device))
+    name = config.model
+    if name == AUTO and hint.model is not None:
+        name = _decide(d, "model", Decision(hint.model, hint.reason))
+    if name == AUTO:
+        name = _decide(d, "model", Decision(*rules.model(size, device, facts.train_count)))
+    if config.model_kwargs is not None:
+        kwargs = parse_model_kwargs(config.model_kwargs)
+    else:  # a run of the same model keeps the card's constructor arguments
+        kwargs = hint.model_kwargs if hint.model == name and hint.model_kwargs else {}
+        if kwargs:
+            d["model_kwargs"] = Decision(canonical(kwargs), "the --init-from weights' "
+                                         "model_kwargs")
+    spec = get_model_spec(name, model_kwargs=kwargs, image_size=size)
+    return config.replace(image_size=size, model=spec.name, model_kwargs=canonical(kwargs)), spec
+
+
+def _pipeline(d: dict, config: TrainConfig, machine: Machine, observed: Observed, need: int,
+              budget: tuple[int, str]) -> str:
+    """Asked for, else the first usable in auto's FALLBACK_ORDER on this machine (`need`: the
+    resident store's bytes, `budget`: its memory budget there), skipping any that failed to
+    open (PipelineError when none is left)."""
+    if config.pipeline != AUTO:
+        return _decide(d, "pipeline", Decision(config.pipeline, "asked for"))
+    from turbotrain.pipeline.auto import FALLBACK_ORDER, first_usable, why_unavailable
+    device = d["device"].value
+    failed = dict(observed.unopenable)
+    verdicts = {name: failed.get(name) or why_unavailable(
+        name, registered=machine.pipelines, installed=machine.installed,
+        device_type=device.type, resident_need=need, budget=budget) for name in FALLBACK_ORDER}
+    return _decide(d, "pipeline", Decision(*first_usable(verdicts, resident_need=need,
+                                                         device=device)))
+
+
+def _batch(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine, spec,
+           reserve: int, observed: Observed) -> tuple[int, BatchSearch | None]:
+    """(the micro-batch, the search still to run): asked for; else the device's preferred batch
+    (or this rank's share of --global-batch-size), lowered to what fits, which only a search
+    can tell: until `observed.batch_fit` holds its answer, the plan assumes the bound."""
+    if config.batch_size is not None:
+        return config.batch_size, None
+    search = rules.batch_search(
+        preferred=rules.auto_batch_size(config.image_size, config.device,
+                                        facts.train_count // machine.world_size, config.epochs),
+        global_batch=config.global_batch_size, world_size=machine.world_size,
+        count=facts.train_count, reserve_bytes=reserve)
+    if observed.batch_fit is None:
+        d["batch_size"] = Decision(search, f"{search.why}; the largest that fits is measured "
+                                   "at start (batch_finder)")
+        return search.bound, search
+    return _decide(d, "batch_size", rules.batch_from_fit(
+        search, observed.batch_fit, count=facts.train_count, model=spec.name,
+        image_size=config.image_size)), None
+
+
+def _optimizer(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine, spec,
+               weights: WeightsFacts | None) -> TrainConfig:
+    """Accumulation, the checks against the split's size, LR, weight decay, worker mode."""
+    from ..finetune import lr_factor
+    world, batch = machine.world_size, config.batch_size
+    accum = config.accum_steps
+    if config.global_batch_size is not None:
+        accum = _decide(d, "accum_steps", rules.accum_for_global_batch(
+            config.global_batch_size, config.accum_steps, batch, world))
+    rules.check_batch_fits_split(batch, accum, world, facts.train_count)
+    lr = config.lr
+    if lr is None:
+        factor = lr_factor(config, weights, facts.num_classes, facts.class_names)
+        lr = _decide(d, "lr", rules.learning_rate(config.optimizer, spec,
+                                                  batch * world * accum, factor))
+    decay = config.weight_decay
+    if decay is None:
+        decay = _decide(d, "weight_decay", rules.weight_decay(config.optimizer, spec))
+    mode = config.worker_mode
+    if mode == AUTO:
+        mode = _decide(d, "worker_mode", rules.worker_mode())
+    return config.replace(accum_steps=accum, lr=lr, weight_decay=decay, worker_mode=mode)
+
+
+def _threads(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine, device: str,
+             pipeline: str, observed: Observed) -> tuple[ThreadPlan, ThreadPlan]:
+    """(the budget the pipeline is opened with, the split after it): the one worker policy
+    (pipeline/workers.py) for this rank's share of the cores."""
+    budget = split_cores(device, cores=machine.cores_per_rank, workers=config.workers,
+                         threads=config.threads, jpeg_fraction=facts.jpeg_fraction)
+    threads = budget
+    if config.threads is None:
+        opened = observed.pipeline
+        used = (opened.cpu_workers if opened is not None else
+                0 if pipeline in LOADS_IN_PROCESS else None)
+        threads = after_pipeline(budget, used, pipeline, device)
+    d["threads"] = Decision(f"{threads.workers} pipeline workers + {threads.torch_threads} "
+                            f"torch threads on {threads.cores} cores", threads.reason)
+    return budget, threads
+
+
+def _schedule(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine,
+              pipeline: str, observed: Observed) -> tuple[TrainConfig, int, int]:
+    """Steps per epoch (the opened pipeline's batches, else predicted: this rank's share of the
+    split in whole batches), the run's length and the warm-up."""
+    from ..finetune import auto_warmup
+    from ..schedule import auto_warmup_steps
+    if observed.pipeline is not None:
+        batches = observed.pipeline.batches
+    else:
+        batches = (facts.train_count // machine.world_size) // config.batch_size
+    steps = batches // config.accum_steps
+    if steps == 0:
+        raise TrainError(f"the {pipeline} pipeline yields {batches} batches per epoch, fewer "
+                         f"than --accum-steps {config.accum_steps}")
+    total = config.epochs * steps
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    warmup = config.warmup_steps
+    if warmup is None:
+        warmup = _decide(d, "warmup_steps",
+                         Decision(*auto_warmup(config, total, auto_warmup_steps(total))))
+    return config.replace(warmup_steps=warmup), steps, total

@@ -1,0 +1,72 @@
+"""What a plan needs to know about the data and the starting weights, computed once from the
+opened splits and the weights' card, then passed as plain values."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
+
+
+@dataclass(frozen=True)
+class DatasetFacts:
+    train_count: int  # images in the train split
+    largest_side: int  # of the stored images, px (0: an empty split)
+    jpeg_fraction: float  # share of the train split stored as JPEG (the rest raw pixels)
+    num_classes: int
+    class_names: tuple[str, ...] = ()
+    val_count: int | None = None  # None: no val split, for the reason in `val_missing`
+    val_missing: str = ""
+
+    @classmethod
+    def of(cls, train, val=None, val_missing: str = "no val split") -> DatasetFacts:
+        """From opened splits (datasets.open_dataset); `val_missing`: why `val` is None."""
+        from ..data import jpeg_fraction, largest_side
+        return cls(train_count=len(train), largest_side=largest_side(train),
+                   jpeg_fraction=jpeg_fraction(train), num_classes=train.num_classes,
+                   class_names=tuple(train.class_names),
+                   val_count=None if val is None else len(val), val_missing=val_missing)
+
+    @property
+    def small(self) -> bool:
+        """Whole small pictures (CIFAR, MNIST): stored raw, padded and cropped, not resized."""
+        return 0 < self.largest_side <= SMALL_IMAGE_MAX_SIDE
+
+    def resident_bytes(self, image_size: int, *, train: bool = True) -> int:
+        """Bytes of the resident pipeline's decoded store of the train split at `image_size`
+        (its own StoreLayout, fed these facts instead of the split)."""
+        import torch
+
+        from turbotrain.pipeline import PipelineOptions
+        from turbotrain.pipeline.resident import resident_bytes
+        options = PipelineOptions(train=train, batch_size=1, image_size=image_size,
+                                  device=torch.device("cpu"))
+        return resident_bytes(_Sizes(self), options)
+
+
+class _Sizes:
+    """The stored sizes StoreLayout reads, from the facts: only the largest side matters."""
+
+    def __init__(self, facts: DatasetFacts):
+        sides = [facts.largest_side] if facts.train_count else []
+        self.heights = self.widths = np.asarray(sides, dtype=np.int64)
+        self._count = facts.train_count
+
+    def __len__(self) -> int:
+        return self._count
+
+
+@dataclass(frozen=True)
+class WeightsFacts:
+    """What the starting weights say (finetune.weights_facts reads them: --init-from's card,
+    --pretrained's published metadata): the model, its arguments and image size they imply,
+    and the classes they were trained for. `error`: reading them failed; the plan raises it
+    only when it needs them (a resumed run does not)."""
+    model: str | None = None
+    model_kwargs: dict | None = None
+    image_size: int | None = None
+    reason: str = ""  # why `model`
+    source_classes: int | None = None
+    source_names: tuple[str, ...] | None = None
+    error: str = ""

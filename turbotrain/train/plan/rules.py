@@ -1,0 +1,336 @@
+"""The rule for each automatic setting: a pure function of a few facts, returning the value with
+its reason. `plan.plan` applies them in order; nothing here reads a file, a device or a global.
+
+Each rule's numbers are measurements, quoted next to it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
+from turbotrain.printable import printable
+
+from ..errors import TrainError
+from .machine import GpuInfo
+
+
+@dataclass(frozen=True)
+class Decision:
+    value: object
+    reason: str
+    # Printed among the run's decisions. A value given for a setting the trainer otherwise
+    # works out from the data (image size, model, batch, lr, ...) is not: it is in config.yaml.
+    shown: bool = True
+
+    def line(self) -> str:
+        return f"{self.value}: {self.reason}"
+
+
+def asked(value) -> Decision:
+    return Decision(value, "asked for", shown=False)
+
+
+# ---------------------------------------------------------------------------- device
+
+# torch.compile's mode on CUDA. "default": Inductor's fused Triton kernels, one launch each.
+# "reduce-overhead" adds CUDA graphs (a step's launches replayed as one), which removes the
+# host's launch time but costs memory, a graph per input shape and a re-record after any
+# change; "max-autotune-no-cudagraphs" benchmarks kernel variants at compile time (minutes for
+# ResNet-50). Not measured on a GPU yet: `python bench/gpu_check.py --all` times all three
+# side by side, and its numbers decide whether this default changes.
+COMPILE_MODE = "default"
+
+
+def device(requested: str, gpus: tuple[GpuInfo, ...], local_rank: int = 0) -> Decision:
+    """The rank's device: `cuda:LOCAL_RANK % GPUs` when CUDA is there (or asked for)."""
+    import torch
+    if requested == "cuda" and not gpus:
+        raise TrainError("--device cuda was asked for but no CUDA device is available "
+                         "(torch.cuda.is_available() is False)")
+    if requested == "cpu" or (requested == "auto" and not gpus):
+        return Decision(torch.device("cpu"), "asked for" if requested == "cpu" else
+                        "no CUDA device found")
+    index = local_rank % len(gpus)
+    return Decision(torch.device("cuda", index), "asked for" if requested == "cuda" else
+                    f"CUDA available ({gpus[index].name})")
+
+
+def precision(requested: str, device_type: str, gpu: GpuInfo | None, cpu_bf16: bool
+              ) -> Decision:
+    if requested != "auto":
+        if requested == "bf16" and device_type == "cuda" and gpu is not None and not gpu.bf16:
+            raise TrainError("--precision bf16: this GPU has no bf16 support; use fp16 or auto")
+        return Decision(requested, "asked for")
+    if device_type == "cuda":
+        major, minor = gpu.capability
+        if major >= 8:
+            return Decision("bf16", f"{gpu.name}: compute capability {major}.{minor} >= 8.0 has "
+                            "bf16 tensor cores; bf16 needs no loss scaling")
+        return Decision("fp16", f"{gpu.name}: compute capability {major}.{minor} < 8.0: fp16 "
+                        "tensor cores with a GradScaler")
+    if cpu_bf16:
+        return Decision("bf16", "CPU has native bf16 (avx512_bf16/amx): measured 1.5-2.3x "
+                        "faster steps than fp32 on the dev box")
+    return Decision("fp32", "CPU has no native bf16; emulated bf16 is not faster")
+
+
+def compile_model(requested: bool | None, device_type: str, gpu: GpuInfo | None) -> Decision:
+    if requested is not None:
+        return Decision(requested, "asked for")
+    if device_type == "cuda":
+        on = f" ({gpu.name})" if gpu else ""
+        return Decision(True, f"CUDA{on}: Inductor fuses the elementwise work around each "
+                        "convolution/matmul into one kernel: fewer launches and less memory "
+                        "traffic per step; the compile warm-up is kept out of images/s")
+    return Decision(False, "CPU: measured no speedup and a 35-60 s compile")
+
+
+def compile_mode(device_type: str, gpu: GpuInfo | None) -> Decision:
+    """torch.compile's `mode` for a compiled run (see COMPILE_MODE)."""
+    if device_type != "cuda":
+        return Decision(COMPILE_MODE, "CPU: CUDA graphs do not apply")
+    on = f" on {gpu.name}" if gpu else ""
+    return Decision(COMPILE_MODE, f"CUDA{on}: fused kernels without CUDA graphs; "
+                    "'reduce-overhead' (CUDA graphs) and 'max-autotune-no-cudagraphs' are "
+                    "timed against it by bench/gpu_check.py --all before either becomes the "
+                    "default")
+
+
+def channels_last(requested: bool | None, is_conv_net: bool) -> Decision:
+    if requested is not None:
+        return Decision(requested, "asked for")
+    if is_conv_net:
+        return Decision(True, "conv net: NHWC convolutions skip layout conversions, and the "
+                        "pipeline hands over NHWC uint8 anyway")
+    return Decision(False, "not a conv net")
+
+
+# ---------------------------------------------------------------------------- image size, model
+
+SHORT_RUN_SIZE = 64  # px: photos on a CPU, and small photo sets on CUDA (the airbench net)
+# Fewer training images than this: photos train at SHORT_RUN_SIZE on CUDA too, where
+# `--model auto` picks the airbench net (measured on 2,000 photos: see LARGE_SET).
+SMALL_SET = 10_000
+
+
+def image_size(largest_side: int, count: int, device_type: str) -> Decision:
+    if 0 < largest_side <= SMALL_IMAGE_MAX_SIDE:
+        # prepare-dataset stores images this small raw: nothing to decode, and upscaling
+        # would only multiply the FLOPs.
+        return Decision(largest_side, f"native size of the {largest_side} px images")
+    if device_type == "cuda":
+        if count < SMALL_SET:
+            return Decision(SHORT_RUN_SIZE, f"{count:,} train images (< {SMALL_SET:,}) on CUDA: "
+                            "a small set learns best small, like a CPU run (64 px: the airbench "
+                            "net)")
+        return Decision(224, f"224 px on CUDA for {count:,} train images, the standard ImageNet "
+                        "training size")
+    # A CPU run is a short run: what matters is accuracy per CPU-minute. On the demo's photos
+    # (3,000 images of 256 px, 2-core dev box) ResNet-18 at 128 px reached 29 % val accuracy
+    # after 230 steps; at 64 px `--model auto` picks the airbench net, which reached 83 % after
+    # 138 steps.
+    return Decision(SHORT_RUN_SIZE, "64 px on CPU: short CPU runs learn fastest small "
+                    "(airbench net)")
+
+
+# `--model auto` for photos (> 64 px) on CUDA depends on the train split's size as well:
+# ResNet-50 from scratch wants ImageNet-scale data. Measured on the 2-core dev box, 2,000 of
+# the demo's shape photos (10 classes, 256 px; 500 val), 10 epochs at batch 128 (150 steps),
+# bf16, default recipe: airbench at 64 px 99.4 % val accuracy; ResNet-18 at 64 px 44.4 %,
+# ResNet-50 at 64 px 42.4 %, ResNet-18 at 112 px 31.0 %. A GPU default once trained ResNet-50
+# at 224 px on a 2,000-image two-class set to 58 % (issue 14). So below SMALL_SET images
+# a GPU trains photos at 64 px (the airbench net, as on a CPU); up to LARGE_SET, ResNet-18
+# (11.7 M weights, 1.8 GMAC at 224 px, against ResNet-50's 25.6 M and 4.1 GMAC: fewer weights
+# to fit from the same images, ~2.3x the steps per second); ResNet-50 from LARGE_SET on,
+# about ImageNet-100's size. The two thresholds are not measured (no GPU here, and 224 px
+# ResNets on 10,000-100,000 images are days on this CPU): `make gpu-check` runs the 2,000-image
+# case on a GPU.
+LARGE_SET = 100_000
+
+
+def model(image_size: int, device_type: str, num_samples: int | None = None
+          ) -> tuple[str, str]:
+    """(model name, reason) for `--model auto`; `num_samples`: the train split's size."""
+    if image_size <= 28:
+        return "compact28", f"{image_size} px images: the compact 28x28 net"
+    if image_size <= SMALL_IMAGE_MAX_SIDE:
+        return "airbench", (f"{image_size} px images: the airbench net, 2.6x fewer FLOPs "
+                            "than ResNet-9 for CIFAR-class accuracy")
+    if device_type == "cuda":
+        if num_samples is not None and num_samples < LARGE_SET:
+            return "resnet18", (f"{num_samples:,} train images (< {LARGE_SET:,}) at "
+                                f"{image_size} px on CUDA: ResNet-18; ResNet-50 from scratch "
+                                "wants ImageNet-scale data")
+        return "resnet50", f"{image_size} px images on CUDA: ResNet-50"
+    return "resnet18", f"{image_size} px images on CPU: ResNet-18 (4.5x fewer FLOPs than -50)"
+
+
+# ---------------------------------------------------------------------------- batch
+
+# The preferred batch is halved until the run makes at least this many optimizer steps. On
+# 2,000 photos (airbench, 64 px, 10 epochs, dev box): batch 512 = 30 steps reached 34.8 % val
+# accuracy, 256 = 70 steps 98.8 %, 128 = 150 steps 99.4 %.
+MIN_RUN_STEPS = 64
+MIN_AUTO_BATCH = 32  # below this BatchNorm's batch statistics get noisy
+
+
+def auto_batch_size(image_size: int, device_type: str, num_samples: int | None = None,
+                    epochs: int | None = None) -> tuple[int, str]:
+    """The preferred micro-batch for this image size and device; with the number of samples
+    (per rank) and epochs, lowered so that a small set still gets MIN_RUN_STEPS updates."""
+    batch, why = _device_batch(image_size, device_type)
+    if num_samples is None or epochs is None:
+        return batch, why
+    preferred = batch
+    while batch > MIN_AUTO_BATCH and (num_samples // batch) * epochs < MIN_RUN_STEPS:
+        batch //= 2
+    if batch < preferred:
+        why = (f"{why}, halved to {batch}: {num_samples:,} images x {epochs} epochs then make "
+               f"{(num_samples // batch) * epochs} optimizer steps (>= {MIN_RUN_STEPS} learn; "
+               f"{preferred} would make {(num_samples // preferred) * epochs})")
+    return batch, why
+
+
+def _device_batch(image_size: int, device_type: str) -> tuple[int, str]:
+    if device_type == "cuda":
+        if image_size <= SMALL_IMAGE_MAX_SIDE:
+            return 512, "small images on CUDA: 512 keeps the GPU busy"
+        return 256, "256 per GPU on CUDA, the ImageNet reference batch"
+    if image_size <= SMALL_IMAGE_MAX_SIDE:
+        # On the 2-core dev box 256 runs no faster per image than 128 (the convs are already
+        # large enough to use both cores), so the smaller batch gives twice the updates.
+        return 128, "small images on CPU: per-image speed is flat from 128 up, more updates"
+    return 64, "large images on CPU: 64 keeps a step under a few seconds"
+
+
+@dataclass(frozen=True)
+class BatchSearch:
+    """`--batch-size auto` still to be measured: the largest micro-batch up to `limit` whose
+    training step fits beside `reserve_bytes` (the resident store), found by batch_finder
+    (trial steps with OOM recovery on CUDA, an estimate on CPU). The run carries the search out
+    and plans again with its BatchFit (`Observed.batch_fit`)."""
+    preferred: int  # the device default, or this rank's share of --global-batch-size
+    limit: int  # preferred, at most this rank's share of the split
+    reserve_bytes: int
+    why: str  # why `preferred`
+    global_batch: int | None  # --global-batch-size: the micro-batch must divide its share
+
+    def __str__(self) -> str:
+        return f"search up to {self.limit}"
+
+    @property
+    def bound(self) -> int:
+        """The largest batch the search can end with (what a plan without it assumes)."""
+        if self.global_batch is None:
+            return self.limit
+        from ..batch_finder import divisor_at_most
+        return divisor_at_most(self.preferred, self.limit)
+
+
+def batch_search(*, preferred: tuple[int, str], global_batch: int | None, world_size: int,
+                 count: int, reserve_bytes: int) -> BatchSearch:
+    batch, why = preferred
+    if global_batch is not None:
+        if global_batch % world_size:
+            raise TrainError(f"--global-batch-size {global_batch} is not a multiple of the "
+                             f"{world_size} ranks")
+        batch = global_batch // world_size
+        why = f"--global-batch-size {global_batch} over {world_size} rank(s)"
+    limit = min(batch, max(1, count // world_size))
+    return BatchSearch(batch, limit, reserve_bytes, why, global_batch)
+
+
+def batch_from_fit(search: BatchSearch, fit, *, count: int, model: str, image_size: int
+                   ) -> Decision:
+    """The micro-batch a BatchFit (batch_finder's answer) allows: the largest that fits, up to
+    the search's limit; with --global-batch-size the largest divisor of the rank's share."""
+    from ..batch_finder import divisor_at_most
+    if fit.batch_size < 1:
+        raise TrainError(f"not even one {image_size} px image fits in memory for {model} "
+                         f"({fit.how}); try a smaller --image-size or --model")
+    fitting = min(fit.batch_size, search.limit)
+    batch = fitting
+    preferred, why = search.preferred, search.why
+    if search.global_batch is not None:
+        batch = divisor_at_most(preferred, batch)  # accumulation must add up to it exactly
+    if batch == preferred:
+        return Decision(batch, f"{why}; it fits ({fit.how})")
+    if fitting >= search.limit and search.limit < preferred:
+        return Decision(batch, f"{why}, but the train split has only {count} images")
+    return Decision(batch, f"{why}, but {preferred} does not fit: {batch} is the largest that "
+                    f"does ({fit.how})")
+
+
+def accum_for_global_batch(global_batch: int, accum_steps: int, batch: int, world_size: int
+                           ) -> Decision:
+    """`--global-batch-size G`: accum-steps = G / (batch-size x ranks), which must be whole."""
+    per_step = batch * world_size
+    if global_batch % per_step:
+        raise TrainError(f"--global-batch-size {global_batch} is not a multiple of batch-size "
+                         f"{batch} x {world_size} rank(s) = {per_step}")
+    accum = global_batch // per_step
+    if accum_steps not in (1, accum):
+        raise TrainError(f"--accum-steps {accum_steps} contradicts --global-batch-size "
+                         f"{global_batch} = {batch} x {world_size} rank(s) x {accum}; give one")
+    return Decision(accum, f"--global-batch-size {global_batch} = {batch} x {world_size} "
+                    f"rank(s) x {accum}")
+
+
+def check_batch_fits_split(batch: int, accum: int, world_size: int, count: int) -> None:
+    per_step = batch * world_size
+    if per_step > count:
+        raise TrainError(f"--batch-size {batch} x {world_size} rank(s) = {per_step} is larger "
+                         f"than the train split ({count} images)")
+    if per_step * accum > count:
+        raise TrainError(f"the global batch {per_step * accum} (batch-size x "
+                         f"accum-steps x ranks) is larger than the train split "
+                         f"({count} images)")
+
+
+# ---------------------------------------------------------------------------- optimizer
+
+def learning_rate(optimizer: str, spec, global_batch: int, factor: tuple[float, str]
+                  ) -> Decision:
+    """The peak LR: per 256 images, scaled with the global batch (schedule.scaled_lr), times
+    the fine-tuning factor (finetune.lr_factor)."""
+    from ..schedule import ADAMW_LR_PER_256, scaled_lr
+    if optimizer == "sgd":
+        lr = scaled_lr(spec.sgd_lr, global_batch, "sgd")
+        why = f"{spec.name}'s {spec.sgd_lr} per 256 images x {global_batch}/256"
+    else:
+        lr = scaled_lr(ADAMW_LR_PER_256, global_batch, "adamw")
+        why = f"AdamW {ADAMW_LR_PER_256} per 256 images x sqrt({global_batch}/256)"
+    scale, more = factor
+    if scale != 1.0:
+        lr = float(f"{lr * scale:.6g}")  # 0.0025, not 0.0025000000000000005
+    return Decision(lr, why + more)
+
+
+def weight_decay(optimizer: str, spec) -> Decision:
+    from ..schedule import ADAMW_WEIGHT_DECAY
+    if optimizer == "sgd":
+        return Decision(spec.weight_decay, f"{spec.name}'s SGD decay")
+    return Decision(ADAMW_WEIGHT_DECAY, "AdamW's usual 0.05")
+
+
+def worker_mode() -> Decision:
+    return Decision("threads", "measured faster than worker processes")
+
+
+# ---------------------------------------------------------------------------- --resume auto
+
+def resume(out: str | None, names, checkpoint_name: str) -> Decision:
+    """`--resume auto`, from the names in --out (None: no such folder): continue the run there
+    when it has a checkpoint, else start a new one, which needs the folder missing or empty
+    (train deletes nothing it did not write)."""
+    if not out:
+        raise TrainError("--resume auto needs --out RUNDIR (the run to continue or start)")
+    if names and checkpoint_name in names:
+        return Decision(True, f"auto: {out} holds a checkpoint")
+    if names:
+        shown = ", ".join(printable(name) for name in names[:3]) + (", ..." if len(names) > 3
+                                                                    else "")
+        raise TrainError(f"--resume auto: --out {out} has no {checkpoint_name} to "
+                         f"continue and is not empty (holds {shown}), so no new run can start "
+                         "there either; choose another --out")
+    return Decision(False, f"auto: no checkpoint in {out} yet: a new run")
