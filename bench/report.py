@@ -309,6 +309,63 @@ def render_predict(data: dict, where: Where) -> Body:
     return body
 
 
+def render_order(data: dict, where: Where) -> Body:
+    best = data.get("best") or {}
+    rows = [[f"`{name}`", rate((best.get(name) or {}).get("images_per_second")),
+             rate((best.get(name) or {}).get("stored_mib_per_second")),
+             (best.get(name) or {}).get("cache_drops"),
+             what if (best.get(name) or {}).get("images_per_second") else
+             _run_error({"runs": (data.get("runs") or {}).get(name, [])})]
+            for name, what in (data.get("contenders") or {}).items()]
+    body = Body([f"A split of {data.get('split_mib')} MiB of raw images "
+                 f"({rate(data.get('sample_bytes'))} bytes each) read with a page-cache limit of "
+                 f"{data.get('limit_mib')} MiB (the loader drops the file from the cache past "
+                 f"it; read_ahead_kb {data.get('read_ahead_kb')}), each contender in a fresh "
+                 f"process, best of the interleaved rounds. The absolute numbers are this "
+                 "machine's virtual disk; the ratio is the point.\n"])
+    body.lines += md_table(["contender", "images/s", "MiB/s stored", "cache drops", "what"], rows)
+    body.lines.append("Quasi-random / random: " + "; ".join(
+        f"{r['what']} **{times(r.get('ratio')) or 'n/a'}**" for r in data.get("ratios", []))
+        + ".\n")
+    body.goals += recorded_goals(data, "order")
+    return body
+
+
+def render_remote(data: dict, where: Where) -> Body:
+    split, read = data.get("split") or {}, data.get("read") or {}
+    ratios = data.get("ratios") or {}
+    body = Body([f"Through `open_dataset`, against a local S3-compatible server (moto's, in "
+                 f"the benchmark's process): every sample of a {split.get('shards')}-shard "
+                 f"split of {rate(split.get('samples'))} raw {split.get('side')} px images, read "
+                 "shard after shard (shuffled within each, no decode), each read in a fresh "
+                 f"process, best of {data.get('rounds')} interleaved rounds.\n"])
+    body.lines += md_table(
+        ["read from", "samples/s", "MB/s of shards", "vs local"],
+        [["local folder", rate(read.get("local_images_per_second")), None, None],
+         ["s3://, warm cache", rate(read.get("warm_images_per_second")), None,
+          times(ratios.get("warm_vs_local"))],
+         ["s3://, empty cache (downloads included)", rate(read.get("cold_images_per_second")),
+          rate(read.get("cold_mb_per_second")), None],
+         ["the store alone (obstore downloads)", None, rate(read.get("store_mb_per_second")),
+          None]])
+    body.lines.append(f"Empty cache / the store's own bandwidth: "
+                      f"**{times(ratios.get('cold_vs_store')) or 'n/a'}** of its MB/s (no goal: "
+                      "what a first epoch from object storage costs here).\n")
+    clients = data.get("results") or {}
+    body.lines.append(f"Object-store clients, each in a fresh process: {data.get('shards')} "
+                      f"whole shards of {data.get('shard_mib')} MiB, and a shard's metadata "
+                      "(two range reads: header + field descriptors, then a 10,000-row table), "
+                      f"best of {data.get('rounds')} rounds.\n")
+    body.lines += md_table(["client", "version", "whole shards (MB/s)", "metadata (ms)"],
+                           [[f"`{name}`", r.get("version"), rate(r.get("whole_mb_per_second")),
+                             _ms(r.get("metadata_ms"))] for name, r in clients.items()])
+    body.lines.append(f"obstore / s3fs: whole shards {times(ratios.get('whole')) or 'n/a'}, "
+                      f"metadata {times(ratios.get('metadata')) or 'n/a'} faster (no goal: why "
+                      "turbotrain reads through obstore).\n")
+    body.goals += recorded_goals(data, "remote")
+    return body
+
+
 def _ms(value) -> str | None:
     return None if value is None else f"{value:.2f}"
 
@@ -431,6 +488,10 @@ SECTIONS = [
     Section("ddp", "Several processes (DDP)", render_ddp),
     Section("predict", "Using a model: predict vs the eval pipeline, and load time",
             render_predict),
+    Section("order", "Sample order on a split larger than memory: quasi-random vs random",
+            render_order),
+    Section("remote", "Datasets in object storage: shard cache vs local, obstore vs s3fs",
+            render_remote),
 ]
 
 

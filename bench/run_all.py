@@ -10,8 +10,10 @@ next), its output streamed here. One that is missing, needs a GPU this machine l
 times out does not stop the rest: its status goes into bench/results/run_all.json with the
 machine the suite ran on, and BENCHMARKS.md says so. Run it on a quiet machine: the benchmarks
 time wall-clock work on every core. It took 9 min 48 s on the 2-core dev box (`time make
-bench`, data cached; the plain-PyTorch side of time_to_accuracy is the longest single run),
-plus a few minutes the first time, when bench_pipelines.py generates its cached data.
+bench`, data cached; the plain-PyTorch side of time_to_accuracy is the longest single run)
+before bench_order.py (2 min 7 s) and bench_remote.py (~16 s) joined it: about 12 min now,
+plus a few minutes the first time, when bench_pipelines.py and bench_order.py (2 GiB)
+generate their cached data.
 """
 from __future__ import annotations
 
@@ -57,6 +59,8 @@ SUITE = [
     Benchmark("time_to_accuracy", "bench_time_to_accuracy.py"),
     Benchmark("ddp", "bench_ddp.py"),
     Benchmark("predict", "bench_predict.py"),
+    Benchmark("order", "bench_order.py"),
+    Benchmark("remote", "bench_remote.py"),
     # gpu_check.py's own default output path is bench/results/gpu_check.json; said explicitly.
     Benchmark("gpu_check", "gpu_check.py", ("--json", "bench/results/gpu_check.json"),
               needs_cuda=True),

@@ -350,6 +350,50 @@ def check_verify(ran: Ran) -> None:
     assert ran.stdout.strip().endswith(": ok"), ran.stdout
 
 
+def check_sharded(ran: Ran) -> None:
+    """"each split as numbered .beton shards" plus their index, read back as one split."""
+    from turbotrain.datasets import open_dataset
+    out = ran.box.cwd / ran.argv[2]
+    info = json.loads((out / "dataset.json").read_text())
+    shards = info["splits"]["train"]["shards"]
+    assert info["format_version"] == 2 and shards, info
+    assert all(re.fullmatch(r"train-\d{5}-of-\d{5}\.beton", s["file"]) for s in shards), shards
+    assert len(open_dataset(out, "train")) == info["splits"]["train"]["num_samples"] > 0
+
+
+def check_part(ran: Ran) -> None:
+    """"part 2 of 4": its manifest, and no index until every part is merged."""
+    out = ran.box.cwd / ran.argv[2]
+    part, parts = ran.argv[ran.argv.index("--part") + 1].split("/")
+    assert (out / "parts" / f"part-{int(part):05d}-of-{int(parts):05d}.json").is_file()
+    assert not (out / "dataset.json").exists()
+
+
+MERGE_SHARD_BYTES = 30_000  # ~10 of the 80x64 JPEGs a shard: several shards over 4 parts
+
+
+def all_parts(name: str, parts: int = 4) -> Callable:
+    """Setup for `turbotrain merge NAME`: the N parts of SOURCE written into cwd/NAME (small
+    shards, through the library: the flag's minimum is 8 MiB), and one machine's run beside."""
+    def setup(box: Sandbox) -> None:
+        from turbotrain.datasets.prepare import PrepareOptions, prepare_dataset
+        options = dict(shard_size=MERGE_SHARD_BYTES, workers=1, progress=False)
+        for part in range(parts):
+            prepare_dataset(box.source, box.cwd / name, PrepareOptions(part=(part, parts),
+                                                                       **options))
+        prepare_dataset(box.source, box.cwd / "one-machine", PrepareOptions(**options))
+    return setup
+
+
+def check_merged(ran: Ran) -> None:
+    """"the index": the merged folder equals a one-machine run's, byte for byte."""
+    merged, single = ran.box.cwd / ran.argv[2], ran.box.cwd / "one-machine"
+    names = sorted(os.listdir(single))
+    assert sorted(os.listdir(merged)) == names and len(names) > 3, os.listdir(merged)
+    for name in names:
+        assert (merged / name).read_bytes() == (single / name).read_bytes(), name
+
+
 def check_bench(ran: Ran) -> None:
     """A rate per requested pipeline, plus the bare JPEG-decode rate of the same bytes."""
     asked = ran.argv[ran.argv.index("--pipeline") + 1:]
@@ -505,6 +549,9 @@ RULES = [
     Rule(r"prepare-dataset SOURCE OUT \[.*", verify=verify_prepare_synopsis),
     Rule(r"turbotrain inspect OUT", check=check_inspect),
     Rule(r"turbotrain verify OUT", check=check_verify),
+    Rule(r"prepare-dataset SOURCE (\S+) --shard-size \S+", check=check_sharded),
+    Rule(r"prepare-dataset SOURCE (\S+) --shard-size \S+ --part \d+/\d+", check=check_part),
+    Rule(r"turbotrain merge BIG", setup=all_parts("BIG"), check=check_merged),
     Rule(r"turbotrain bench --data OUT .*", append=BENCH_SMALL, check=check_bench),
     Rule(r"train --data OUT --out (\S+) --resume", setup=stopped_run, append=TRAIN_SMALL,
          check=check_resumed),

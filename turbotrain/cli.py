@@ -1,6 +1,7 @@
 """The `turbotrain` command and its short aliases `prepare-dataset` and `train`.
 
     turbotrain prepare SOURCE OUT      (also: prepare-dataset SOURCE OUT)
+    turbotrain prepare SOURCE OUT --shard-size 1GB --part i/N ; turbotrain merge OUT
     turbotrain inspect OUT | verify OUT
     turbotrain train --data OUT ...    (also: train --data OUT ...)
     turbotrain bench --data OUT ...
@@ -55,7 +56,16 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
                         "OUT/skipped.txt")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing OUT that prepare-dataset made (never any other "
-                        "folder)")
+                        "folder); with --part: redo that part's files only")
+    shards = p.add_argument_group("shards and parts (docs/FORMAT.md)")
+    shards.add_argument("--shard-size", metavar="SIZE", default=None,
+                        help="write each split as numbered .beton shards of about SIZE of "
+                             "source data (1GB, 512MB, 64MiB or bytes; at least 8MiB); "
+                             "default: one .beton per split. The train split is stored "
+                             "in a fixed shuffled order, so each shard mixes the classes")
+    shards.add_argument("--part", metavar="I/N", default=None,
+                        help="convert only part I of N (0 <= I < N) of the shards, for one "
+                             "machine of many; then `turbotrain merge OUT`")
     safety = p.add_argument_group("limits on untrusted data (docs/SECURITY.md)")
     safety.add_argument("--allow-outside-root", action="store_true",
                         help="read CSV rows and symlinks that lead outside SOURCE (refused by "
@@ -82,6 +92,12 @@ def _positive_mb(text: str) -> int:
 
 def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
     from .datasets.prepare import PrepareError, PrepareOptions, prepare_dataset
+    from .datasets.shard_plan import ShardPlanError, parse_part, parse_shard_size
+    try:
+        shard_size = None if args.shard_size is None else parse_shard_size(args.shard_size)
+        part = None if args.part is None else parse_part(args.part)
+    except ShardPlanError as e:
+        return _fail(prog, str(e))
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # clean up on `kill` too
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     limits = Limits(max_file_bytes=args.max_file_mb << 20, max_array_bytes=args.max_array_mb << 20,
@@ -89,16 +105,26 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
     options = PrepareOptions(encoding=args.encoding, max_side=args.max_side, quality=args.quality,
                              workers=args.workers, val_fraction=args.val_fraction,
                              on_error=args.on_error, overwrite=args.overwrite, progress=progress,
-                             limits=limits, allow_outside_root=args.allow_outside_root)
+                             limits=limits, allow_outside_root=args.allow_outside_root,
+                             shard_size=shard_size, part=part)
     try:
         info = prepare_dataset(args.source, args.out, options)
     except PrepareError as e:
         return _fail(prog, str(e))
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted; {args.out} was left untouched", file=sys.stderr)
+        done = "this part was not finished" if part else f"{args.out} was left untouched"
+        print(f"{prog}: interrupted; {done}", file=sys.stderr)
         return 130
     if info["workers"]["note"]:
         print(f"{prog}: note: {info['workers']['note']}", file=sys.stderr)
+    if part:
+        shards = info["shards"]
+        written = sum(s["num_samples"] for s in shards)
+        skipped = sum(len(s["skipped"]) for s in shards)
+        print(f"prepared part {part[0]}/{part[1]} of {args.out}: {len(shards)} shard(s), "
+              f"{written} images, {skipped} skipped, {info['seconds']:.1f} s; when every part "
+              f"is done: turbotrain merge {args.out}")
+        return 0
     written = sum(s["num_samples"] for s in info["splits"].values())
     skipped = sum(s["skipped"] for s in info["splits"].values())
     size = sum(s["bytes"] for s in info["splits"].values())
@@ -137,9 +163,26 @@ def run_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_merge(args: argparse.Namespace) -> int:
+    from .datasets.merge import MergeError, merge
+    try:
+        info = merge(args.out)
+    except MergeError as e:
+        return _fail("turbotrain merge", str(e))
+    from .printable import printable
+    shards = sum(len(s["shards"]) for s in info["splits"].values())
+    written = sum(s["num_samples"] for s in info["splits"].values())
+    print(f"merged {printable(args.out)}: {shards} shards, {written} images")
+    return 0
+
+
 # -- dispatch ---------------------------------------------------------------------------------
 def _add_inspect_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="a prepared dataset folder")
+
+
+def _add_merge_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out", help="the folder the parts were written into (or copied together in)")
 
 
 def _train_command():
@@ -191,6 +234,8 @@ COMMANDS = {
                 lambda: (_add_inspect_arguments, run_inspect)),
     "verify": ("check every checksum and decode every image",
                lambda: (_add_inspect_arguments, run_verify)),
+    "merge": ("check the parts of a `prepare --part i/N` conversion and write dataset.json",
+              lambda: (_add_merge_arguments, run_merge)),
     "train": ("train a model on a prepared dataset", _train_command),
     "bench": ("images/s of each pipeline on a prepared dataset", _bench_command),
     "demo": ("generate a sample dataset, prepare it and train on it", _demo_command),

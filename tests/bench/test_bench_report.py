@@ -129,6 +129,43 @@ def fake_results(folder: Path) -> None:
                    "goal": 0.9, "met": True},
                   {"what": "load a run (airbench, resnet50), seconds", "seconds": 1.38,
                    "goal_seconds": 2.0, "met": True}]})
+    write("order", {
+        "command": "python bench/bench_order.py", "split_mib": 2048, "limit_mib": 512,
+        "side": 64, "sample_bytes": 12288, "read_ahead_kb": "128",
+        "contenders": {"read_random": "random order, read path",
+                       "read_quasi": "quasi-random order, read path",
+                       "pytorch_random": "pytorch pipeline, random order",
+                       "pytorch_quasi": "pytorch pipeline, quasi-random order"},
+        "runs": {"read_random": [{"images_per_second": 253.0}],
+                 "read_quasi": [{"images_per_second": 6100.0}],
+                 "pytorch_random": [{"images_per_second": 240.0}],
+                 "pytorch_quasi": [{"error": "exit 1: out of memory", "load": 1.0}]},
+        "best": {"read_random": {"images_per_second": 253.0, "stored_mib_per_second": 2.97,
+                                 "cache_drops": 3},
+                 "read_quasi": {"images_per_second": 6100.0, "stored_mib_per_second": 71.5,
+                                "cache_drops": 40},
+                 "pytorch_random": {"images_per_second": 240.0, "stored_mib_per_second": 2.8,
+                                    "cache_drops": 2},
+                 "pytorch_quasi": None},
+        "ratios": [{"what": "read_quasi / read_random", "ratio": 24.11},
+                   {"what": "pytorch_quasi / pytorch_random", "ratio": None}],
+        "goals": [{"what": "quasi-random vs random order, pytorch pipeline, split 4x the "
+                           "page-cache limit", "ratio": None, "goal": 1.0, "met": None}]})
+    write("remote", {
+        "command": "python bench/bench_remote.py", "shard_mib": 32, "shards": 4, "rounds": 3,
+        "ratios": {"whole": 1.31, "metadata": 2.5, "warm_vs_local": 0.97,
+                   "cold_vs_store": 0.62},
+        "results": {"s3fs": {"version": "2025.3.0", "whole_mb_per_second": 180.0,
+                             "metadata_ms": 5.0, "runs": []},
+                    "obstore": {"version": "0.6.0", "whole_mb_per_second": 236.0,
+                                "metadata_ms": 2.0, "runs": []}},
+        "split": {"shards": 4, "samples": 10000, "side": 32},
+        "read": {"local_images_per_second": 410_000.0, "warm_images_per_second": 398_000.0,
+                 "cold_images_per_second": 21_000.0, "cold_mb_per_second": 66.0,
+                 "store_mb_per_second": 106.0},
+        "reads": {},
+        "goals": [{"what": "remote with a warm cache vs local, samples/s", "ratio": 0.97,
+                   "goal": 0.95, "met": True}]})
 
 
 def render(tmp_path: Path) -> str:
@@ -144,8 +181,25 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     for heading in ("## Machine", "## Goals", "## Dataset conversion", "## Input pipelines",
                     "## Our pipeline engines", "## PIL decode + resize", "## Training step",
                     "## Time to 90 %",
-                    "## Several processes (DDP)", "## Using a model", "## GPU"):
+                    "## Several processes (DDP)", "## Using a model", "## Sample order",
+                    "## Datasets in object storage", "## GPU"):
         assert heading in text
+    # order: every contender, a failed one with its error, and a goal not measured
+    assert "| `read_quasi` | 6,100 | 72 | 40 | quasi-random order, read path |" in text
+    assert "| `pytorch_quasi` | - | - | - | failed: exit 1: out of memory |" in text
+    assert "read_quasi / read_random **24.11x**; pytorch_quasi / pytorch_random **n/a**" in text
+    assert ("| order | quasi-random vs random order, pytorch pipeline, split 4x the page-cache "
+            "limit | >= 1x | - | not measured |") in text
+    # remote: the warm-cache goal in the goals table; cold cache and the clients without one
+    assert ("| remote | remote with a warm cache vs local, samples/s | >= 0.95x | 0.97x | met |"
+            in text)
+    assert "| s3://, warm cache | 398,000 | - | 0.97x |" in text
+    assert "| s3://, empty cache (downloads included) | 21,000 | 66 | - |" in text
+    assert "| the store alone (obstore downloads) | - | 106 | - |" in text
+    assert "Empty cache / the store's own bandwidth: **0.62x**" in text
+    assert "| `obstore` | 0.6.0 | 236 | 2.00 |" in text
+    assert "obstore / s3fs: whole shards 1.31x, metadata 2.50x faster" in text
+    assert text.count("| remote |") == 1
     assert "| predict | input 64 px: predict / eval pipeline | >= 0.9x | 0.92x | met |" in text
     assert "| predict | load a run (airbench, resnet50), seconds | < 2 s | 1.38 s | met |" in text
     assert "| input, 224 px | 1,190 | 1,254 | 0.95x |" in text
@@ -302,7 +356,9 @@ def test_run_all_records_absent_failed_and_ok_scripts(tmp_path, monkeypatch):
 def test_run_all_suite_names_every_benchmark_script():
     names = {b.name for b in run_all.SUITE}
     assert {"prepare", "pipelines", "engines", "pillow", "train_precision", "time_to_accuracy",
-            "ddp", "predict", "gpu_check"} <= names
+            "ddp", "predict", "order", "remote", "gpu_check"} <= names
+    # every section of the report is a benchmark run_all runs
+    assert {section.stem for section in report.SECTIONS} <= names
     for benchmark in run_all.SUITE:
         assert (BENCH / benchmark.script).is_file()
 

@@ -58,6 +58,19 @@ def test_saved_config_round_trips_and_resume_reads_it(tmp_path):
     assert resumed.resume is True
 
 
+def test_a_run_saved_before_order_existed_resumes_in_random_order(tmp_path):
+    config = TrainConfig(data="d", model="resnet9", batch_size=32, out=str(tmp_path),
+                         order="quasi-random")
+    save_yaml(config, tmp_path / "config.yaml")
+    assert load_yaml(tmp_path / "config.yaml")["order"] == "quasi-random"
+    assert config_from_namespace(parse("--out", tmp_path, "--resume")).order == "quasi-random"
+    text = (tmp_path / "config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(
+        "".join(line for line in text.splitlines(True) if not line.startswith("order:")))
+    assert config_from_namespace(parse("--out", tmp_path, "--resume")).order == "random"
+    assert config_from_namespace(parse("--data", "d")).order == "auto"  # a new run decides
+
+
 @pytest.mark.parametrize("text, message", [
     ("bogus: 1\n", "unknown setting 'bogus'"),
     ("epochs: many\n", "--epochs: expected int"),

@@ -137,6 +137,50 @@ def test_plan_table(row):
     assert ("evaluation" in p.decisions) == (facts.val_count is None)
 
 
+# `--order auto` (rules.order): (machine, facts, config changes, expected order, reason part).
+STORED_IMAGENET = dataclasses.replace(IMAGENET, stored_bytes=140 * GiB,
+                                      same_label_neighbours=0.001)  # shuffled when prepared
+CLASS_ORDER_IMAGENET = dataclasses.replace(STORED_IMAGENET, same_label_neighbours=0.999)
+ORDER_ROWS = {
+    # 140 GiB on disk against 6 GiB of RAM (budget 3 GiB): the page cache cannot hold it.
+    "cpu2-imagenet": (CPU2, STORED_IMAGENET, {}, "quasi-random",
+                      "exceeds 50% of the 6.0 GiB of available RAM"),
+    # ... but stored in class order: a window of 4 blocks would hold ~4 classes.
+    "cpu2-imagenet-class-order": (CPU2, CLASS_ORDER_IMAGENET, {}, "random",
+                                  "stored in class order (100% of neighbouring samples"),
+    "cpu2-forced": (CPU2, CLASS_ORDER_IMAGENET, dict(order="quasi-random"), "quasi-random",
+                    "asked for"),
+    # 1,800 GiB of RAM on the 8-GPU node: 140 GiB stays in the page cache.
+    "node-imagenet": (NODE, STORED_IMAGENET, {}, "random", "fits in 50% of the 1800.0 GiB"),
+    # A remote split with a 100 GiB cache on the same node: the cache cannot hold it.
+    "node-remote-imagenet": (NODE, dataclasses.replace(STORED_IMAGENET, cache_limit=100 * GiB),
+                             {}, "quasi-random", "exceeds the --cache-limit of 100.0 GiB"),
+    # The resident store reads nothing during an epoch.
+    "cpu2-cifar": (CPU2, dataclasses.replace(CIFAR, stored_bytes=150 * 2**20), {}, "random",
+                   "resident holds the decoded split"),
+}
+
+
+@pytest.mark.parametrize("row", list(ORDER_ROWS))
+def test_order_table(row):
+    machine, facts, changes, want, why = ORDER_ROWS[row]
+    p = plan(TrainConfig(data="DATA", **changes), facts, machine)
+    assert p.config.order == want and p["order"].value == want
+    assert why in p["order"].reason, p["order"].reason
+    assert "order" in p.lines and list(p.decisions).index("order") == \
+        list(p.decisions).index("pipeline") + 1
+
+
+def test_dataset_facts_measure_the_stored_order(tmp_path):
+    from turbotrain.datasets import open_dataset
+
+    from .tiny_data import write_tiny_dataset
+    split = open_dataset(write_tiny_dataset(tmp_path / "ds", train=64, val=None), "train")
+    facts = DatasetFacts.of(split)
+    assert facts.stored_bytes == split.beton.file_size and facts.cache_limit is None
+    assert facts.same_label_neighbours < 0.5  # random labels: ~1/4 of neighbours agree
+
+
 def test_the_batch_search_answer_goes_through_the_same_decision():
     """train measures what fits and plans again with the answer (Observed.batch_fit)."""
     config = TrainConfig(data="DATA")

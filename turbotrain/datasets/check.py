@@ -9,7 +9,7 @@ import numpy as np
 from turbotrain.printable import printable
 
 from . import format as fmt
-from .dataset import file_sha256, open_split, read_dataset_json, split_path
+from .dataset import file_sha256, open_split, read_dataset_json, split_paths
 from .reader import DatasetError
 
 # inspect shows the first few class names, each cut to this length: a name may be 1,000 chars.
@@ -59,10 +59,12 @@ def describe(root: str | Path) -> str:
         ds = open_split(root, info, split)
         counts = np.bincount(ds.labels, minlength=len(classes)) if len(ds) else np.zeros(1)
         jpeg = int((ds.modes == fmt.MODE_JPEG).sum())
-        sizes = ds.beton.sizes
+        data = sum(float(ds.shard(k).sizes.sum()) for k in range(ds.num_shards))
+        files = (f"file {_human(ds.nbytes)}" if ds.num_shards == 1 else
+                 f"{ds.num_shards} shards, {_human(ds.nbytes)}")
         lines.append(
             f"  {printable(split)}: {len(ds)} images ({jpeg} jpeg, {len(ds) - jpeg} raw), "
-            f"{_human(float(sizes.sum()))} of image data, file {_human(ds.beton.file_size)}; "
+            f"{_human(data)} of image data, {files}; "
             f"per class {int(counts.min())}..{int(counts.max())}; "
             f"size {int(ds.widths.min())}..{int(ds.widths.max())} x "
             f"{int(ds.heights.min())}..{int(ds.heights.max())}")
@@ -70,31 +72,25 @@ def describe(root: str | Path) -> str:
 
 
 def verify(root: str | Path, progress: bool = True) -> list[str]:
-    """Checks every split's size and checksum and decodes every image; returns the problems
-    found, one printable line each. dataset.json itself must pass its schema (DatasetError)."""
+    """Checks every split's files (size and checksum; each shard of a sharded split) and decodes
+    every image; returns the problems found, one printable line each. dataset.json itself must
+    pass its schema (DatasetError)."""
     from tqdm import tqdm
     root = Path(root)
     info = read_dataset_json(root)
     problems = []
     for split, meta in info["splits"].items():
-        path = split_path(root, info, split)
-        shown = printable(path)
         try:
-            ds = open_split(root, info, split)  # the size check, before hashing the file
+            ds = open_split(root, info, split)  # the size checks, before hashing the files
         except DatasetError as e:
             problems.append(str(e))
             continue
-        try:
-            digest = file_sha256(path)
-        except OSError as e:
-            problems.append(f"{shown}: unreadable ({e.strerror or e})")
-            continue
-        if "sha256" not in meta:
-            problems.append(f"{shown}: dataset.json records no checksum for it")
-        elif digest != meta["sha256"].lower():
-            problems.append(f"{shown}: checksum mismatch (the file changed after prepare-dataset)")
+        entries = meta["shards"] if "shards" in meta else [meta]
+        for path, entry in zip(split_paths(root, info, split), entries):
+            problems += _file_problems(path, entry)
         if len(ds) != meta["num_samples"]:
-            problems.append(f"{shown}: {len(ds)} samples, dataset.json says {meta['num_samples']}")
+            problems.append(f"{printable(ds.path)}: {len(ds)} samples, dataset.json says "
+                            f"{meta['num_samples']}")
         failed = 0
         for i in tqdm(range(len(ds)), desc=f"verify {split}", unit="img", disable=not progress):
             try:
@@ -104,6 +100,20 @@ def verify(root: str | Path, progress: bool = True) -> list[str]:
                 if failed <= _LISTED_SAMPLE_PROBLEMS:
                     problems.append(str(e))
         if failed > _LISTED_SAMPLE_PROBLEMS:
-            problems.append(f"{shown}: {failed - _LISTED_SAMPLE_PROBLEMS} more samples do not "
-                            f"decode ({failed} in all)")
+            problems.append(f"{printable(ds.path)}: {failed - _LISTED_SAMPLE_PROBLEMS} more "
+                            f"samples do not decode ({failed} in all)")
     return problems
+
+
+def _file_problems(path: Path, entry: dict) -> list[str]:
+    """The checksum of one split file or shard against its dataset.json entry."""
+    shown = printable(path)
+    try:
+        digest = file_sha256(path)
+    except OSError as e:
+        return [f"{shown}: unreadable ({e.strerror or e})"]
+    if "sha256" not in entry:
+        return [f"{shown}: dataset.json records no checksum for it"]
+    if digest != entry["sha256"].lower():
+        return [f"{shown}: checksum mismatch (the file changed after prepare-dataset)"]
+    return []

@@ -13,18 +13,28 @@ import shutil
 from pathlib import Path
 
 from .dataset import DATASET_JSON, SPLITS, split_filename
+from .shards import parse_shard_filename
 
 
 class OutputFolderError(ValueError):
     """OUT cannot be written as asked; the message is one line saying what to do."""
 
 
-# Everything prepare-dataset writes into OUT.
+# Everything prepare-dataset writes into OUT, besides shard files (shards.shard_filename).
 WRITTEN_NAMES = frozenset({DATASET_JSON, "skipped.txt", *(split_filename(s) for s in SPLITS)})
 
 
 def check_output(out: Path, source: Path, overwrite: bool) -> None:
     """Refuses an OUT that overlaps SOURCE, or that exists and is not ours to replace."""
+    check_not_overlapping(out, source)
+    if not os.path.lexists(out):
+        return
+    if not overwrite:
+        raise OutputFolderError(f"{out} already exists; pass --overwrite to replace it")
+    check_replaceable(out)
+
+
+def check_not_overlapping(out: Path, source: Path) -> None:
     real_out, real_source = os.path.realpath(out), os.path.realpath(source)
     if real_out == real_source:
         raise OutputFolderError(f"OUT {out} is SOURCE itself; choose another OUT")
@@ -34,11 +44,6 @@ def check_output(out: Path, source: Path, overwrite: bool) -> None:
     if _under(real_source, real_out):
         raise OutputFolderError(f"OUT {out} contains SOURCE {source}; choose an OUT that does "
                                 f"not hold the source data")
-    if not os.path.lexists(out):
-        return
-    if not overwrite:
-        raise OutputFolderError(f"{out} already exists; pass --overwrite to replace it")
-    check_replaceable(out)
 
 
 def check_replaceable(out: Path) -> None:
@@ -51,7 +56,8 @@ def check_replaceable(out: Path) -> None:
         raise OutputFolderError(f"{out} has no {DATASET_JSON}, so prepare-dataset did not make "
                                 f"it; --overwrite replaces only a prepared dataset: choose "
                                 f"another OUT")
-    foreign = sorted(name for name in os.listdir(out) if name not in WRITTEN_NAMES)
+    foreign = sorted(name for name in os.listdir(out)
+                     if name not in WRITTEN_NAMES and parse_shard_filename(name) is None)
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise OutputFolderError(f"{out} holds files prepare-dataset did not write ({shown}); "

@@ -1,5 +1,6 @@
 """`prepare-dataset SOURCE OUT`: converts a raw image dataset into `OUT/{train,val}.beton` plus
-`OUT/dataset.json`.
+`OUT/dataset.json`; with `--shard-size`, each split into numbered shards (shard_plan.py); with
+`--part i/N`, only part i's shards plus a manifest for `turbotrain merge` (parts.py, merge.py).
 
 Encoding runs in a pool of worker processes (`--workers`, default all cores); the parent writes
 the samples in source order, so the output is byte-identical whatever the worker count. The
@@ -8,6 +9,7 @@ interrupted run (Ctrl-C, kill -9) never leaves anything that looks like a finish
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import multiprocessing
@@ -19,17 +21,17 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from .. import __version__
-from ..printable import printable
 from . import format as fmt
-from .dataset import DATASET_FORMAT_VERSION, DATASET_JSON, file_sha256, split_filename
+from .dataset import DATASET_JSON, file_sha256, split_filename
 from .output_folder import (OutputFolderError, check_output, install, partial_dir,
                             remove_stale_partials)
+from .parts import (check_part_output, install_part, part_manifest, part_partial_dir,
+                    part_shard_ids)
+from .shard_plan import ShardPlanError, SplitPlan, plan_split
+from .shard_results import ShardResult, dataset_info, encoding_facts, skipped_lines
 from .untrusted import Limits, UnsafeInput
 from .writer import BetonWriter, SampleTooLarge
 
@@ -59,16 +61,8 @@ class PrepareOptions:
     progress: bool = True
     limits: Limits = Limits()
     allow_outside_root: bool = False  # read CSV rows / symlinks that lead outside SOURCE
-
-
-@dataclass
-class SplitResult:
-    written: int = 0
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    mode_counts: dict[str, int] = field(default_factory=lambda: {"jpeg": 0, "raw": 0})
-    pixel_sum: np.ndarray = field(default_factory=lambda: np.zeros(3))
-    pixel_sq_sum: np.ndarray = field(default_factory=lambda: np.zeros(3))
-    pixel_count: int = 0
+    shard_size: int | None = None     # bytes of source per shard (shard_plan.py); None: one file
+    part: tuple[int, int] | None = None  # (i, N): only part i's shards, plus its manifest
 
 
 # -- worker side -------------------------------------------------------------------------------
@@ -122,13 +116,15 @@ def _encode_range(bounds: tuple[int, int]) -> list:
 
 
 # -- parent side -------------------------------------------------------------------------------
-def _chunks(n: int):
-    return [(s, min(s + CHUNK, n)) for s in range(0, n, CHUNK)]
+def _chunks(ranges: list[tuple[int, int]]):
+    """CHUNK-sample tasks covering each [start, stop) range; none crosses a shard boundary."""
+    return [(s, min(s + CHUNK, stop)) for start, stop in ranges for s in range(start, stop, CHUNK)]
 
 
-def _encoded_chunks(split_source, options: PrepareOptions, workers: int):
+def _encoded_chunks(split_source, options: PrepareOptions, workers: int,
+                    ranges: list[tuple[int, int]]):
     """Yields each chunk's results in source order, encoded by `workers` processes."""
-    chunks = _chunks(len(split_source))
+    chunks = _chunks(ranges)
     if workers <= 1:
         _init_worker(split_source, options)
         for bounds in chunks:
@@ -156,100 +152,163 @@ def _encoded_chunks(split_source, options: PrepareOptions, workers: int):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _write_split(split_source, path: Path, options: PrepareOptions, workers: int,
-                 progress) -> SplitResult:
-    result = SplitResult()
-    with BetonWriter(path, capacity=len(split_source)) as writer:
-        index = 0
-        for chunk in _encoded_chunks(split_source, options, workers):
-            for item in chunk:
-                if item[0] == "error":
-                    _, name, reason = item
-                    if options.on_error == "fail":
-                        raise PrepareError(f"{name}: {reason} (use --on-error skip to skip "
-                                           f"unreadable images)")
-                    result.skipped.append((name, reason))
-                else:
-                    sample = item[1]
-                    try:
-                        writer.append(sample.mode, sample.height, sample.width, sample.payload,
-                                      int(split_source.labels[index]))
-                    except SampleTooLarge as e:
-                        raise PrepareError(f"{split_source.name(index)}: {e}") from e
-                    result.written += 1
-                    result.mode_counts[fmt.MODE_NAMES[sample.mode]] += 1
-                    result.pixel_sum += sample.pixel_sum
-                    result.pixel_sq_sum += sample.pixel_sq_sum
-                    result.pixel_count += sample.pixel_count
-                index += 1
-                progress.update(1)
-    return result
+def _write_shards(split: str, split_source, plan: SplitPlan, shard_ids: list[int],
+                  folder: Path, options: PrepareOptions, workers: int,
+                  progress) -> list[ShardResult]:
+    """Writes shards `shard_ids` of one split into folder (one encoding pool for all of them)."""
+    ranges = [(int(plan.bounds[k]), int(plan.bounds[k + 1])) for k in shard_ids]
+    chunks = _encoded_chunks(split_source, options, workers, ranges)
+    results = []
+    try:
+        for k, (start, stop) in zip(shard_ids, ranges):
+            name = plan.file(k) if options.shard_size else split_filename(split)
+            result = ShardResult(split, k, name)
+            with BetonWriter(folder / name, capacity=stop - start) as writer:
+                index = start
+                while index < stop:  # chunks never cross a shard's end (_chunks)
+                    for item in next(chunks):
+                        _write_one(item, index, split_source, writer, result, options)
+                        index += 1
+                        progress.update(1)
+            path = folder / name
+            result.bytes, result.sha256 = path.stat().st_size, file_sha256(path)
+            results.append(result)
+    finally:
+        chunks.close()  # shuts the encoding pool down now, not when the generator is collected
+    return results
 
 
-def _pixel_stats(result: SplitResult) -> dict | None:
-    if result.pixel_count == 0:
-        return None
-    mean = result.pixel_sum / result.pixel_count
-    var = np.maximum(result.pixel_sq_sum / result.pixel_count - mean ** 2, 0.0)
-    return {"mean": [round(float(v), 4) for v in mean],
-            "std": [round(float(v), 4) for v in np.sqrt(var)]}
+def _write_one(item, index: int, split_source, writer: BetonWriter, result: ShardResult,
+               options: PrepareOptions) -> None:
+    if item[0] == "error":
+        _, name, reason = item
+        if options.on_error == "fail":
+            raise PrepareError(f"{name}: {reason} (use --on-error skip to skip unreadable "
+                               f"images)")
+        result.skipped.append((name, reason))
+        return
+    sample = item[1]
+    try:
+        writer.append(sample.mode, sample.height, sample.width, sample.payload,
+                      int(split_source.labels[index]))
+    except SampleTooLarge as e:
+        raise PrepareError(f"{split_source.name(index)}: {e}") from e
+    result.written += 1
+    result.mode_counts[fmt.MODE_NAMES[sample.mode]] += 1
+    result.pixels.add_sample(sample.pixel_sum, sample.pixel_sq_sum, sample.pixel_count)
 
 
 def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
                     options: PrepareOptions = PrepareOptions()) -> dict:
-    """Converts SOURCE into a prepared dataset at OUT; returns the dataset.json content."""
-    from tqdm import tqdm
-    from .sources import SourceError, detect_source, with_val_split
+    """Converts SOURCE into a prepared dataset at OUT; returns the dataset.json content (with
+    --part: the part manifest's content, and OUT gets no dataset.json until `merge`)."""
+    from .sources import SourceError, detect_source, shuffled_train, with_val_split
 
     out = Path(out).absolute()
     _check_options(options)
     try:
-        check_output(out, Path(source_path).expanduser().absolute(), options.overwrite)
+        if options.part is None:
+            check_output(out, Path(source_path).expanduser().absolute(), options.overwrite)
+        else:
+            check_part_output(out, Path(source_path).expanduser().absolute(), options.part,
+                              options.overwrite)
         source = detect_source(source_path, options.limits,
                                allow_outside_root=options.allow_outside_root)
         if options.val_fraction:
             source = with_val_split(source, options.val_fraction, seed=options.seed)
-    except (SourceError, OutputFolderError) as e:
+        if options.shard_size is not None:  # shards of mixed classes (shuffled_train)
+            source = shuffled_train(source, seed=options.seed)
+        plans = {split: plan_split(split, s, options.shard_size)
+                 for split, s in source.splits.items()}
+    except (SourceError, OutputFolderError, ShardPlanError) as e:
         raise PrepareError(str(e)) from e
     from ..host import available_ram
     from .worker_memory import memory_bound_workers
     workers, workers_note = memory_bound_workers(
         options.workers or len(os.sched_getaffinity(0)), source, available_ram())
+    started = time.perf_counter()
+    if options.part is None:
+        info = _prepare_whole(source, out, plans, options, workers)
+    else:
+        info = _prepare_part(source, out, plans, options, workers)
+    info["seconds"] = time.perf_counter() - started
+    info["workers"] = {"count": workers, "note": workers_note}  # for the CLI; not in dataset.json
+    return info
 
+
+def _prepare_whole(source, out: Path, plans: dict, options: PrepareOptions,
+                   workers: int) -> dict:
+    """Every shard, built in a hidden sibling folder and renamed into place at the end."""
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out)
     partial = partial_dir(out)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
-    started = time.perf_counter()
-    total = sum(len(s) for s in source.splits.values())
-    try:
-        results = {}
-        with tqdm(total=total, unit="img", desc="prepare", disable=not options.progress,
-                  file=sys.stderr, dynamic_ncols=True) as progress:
-            for split, split_source in source.splits.items():
-                progress.set_description(f"prepare {split}")
-                results[split] = _write_split(split_source, partial / split_filename(split),
-                                              options, workers, progress)
-        info = _dataset_info(source, options, results, partial)
-        skipped = [item for r in results.values() for item in r.skipped]
-        if skipped:
-            # One line per file, tab-separated: a name's own tabs, newlines and terminal
-            # escapes are written as escapes, so no name can forge a row or drive a terminal.
-            (partial / "skipped.txt").write_text(
-                "".join(f"{printable(name)}\t{printable(reason)}\n" for name, reason in skipped),
-                encoding="utf-8")
+    with _removed_on_failure(partial):
+        ids = {split: list(range(plan.num_shards)) for split, plan in plans.items()}
+        results = _write_all(source, plans, ids, partial, options, workers)
+        info = dataset_info(source_facts(source, options), encoding_facts(options,
+                            options.shard_size), results, sharded=options.shard_size is not None)
+        if info is None:
+            raise PrepareError(f"{source.path}: no image could be read (all were skipped)")
+        if any(r.skipped for r in results):
+            (partial / "skipped.txt").write_text(skipped_lines(results), encoding="utf-8")
         (partial / DATASET_JSON).write_text(json.dumps(info, indent=2) + "\n")
         install(partial, out)
+    return info
+
+
+def _prepare_part(source, out: Path, plans: dict, options: PrepareOptions,
+                  workers: int) -> dict:
+    """Part i's shards, written in a hidden folder inside OUT, then moved in beside the other
+    parts' shards; the part manifest, written last, is what says the part is finished."""
+    part, parts = options.part
+    ids = part_shard_ids(plans, part, parts)
+    partial = part_partial_dir(out, part, parts)
+    with _removed_on_failure(partial):
+        results = _write_all(source, plans, ids, partial, options, workers)
+        manifest = part_manifest(source_facts(source, options),
+                                 encoding_facts(options, options.shard_size), options, plans,
+                                 results)
+        install_part(partial, out, results, manifest, options.part)
+    return manifest
+
+
+@contextlib.contextmanager
+def _removed_on_failure(partial: Path):
+    """A conversion that fails (or is interrupted) leaves no hidden folder behind; a refusal
+    about the output folder becomes a PrepareError."""
+    try:
+        yield
     except OutputFolderError as e:
         shutil.rmtree(partial, ignore_errors=True)
         raise PrepareError(str(e)) from e
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    info["seconds"] = time.perf_counter() - started
-    info["workers"] = {"count": workers, "note": workers_note}  # for the CLI; not in dataset.json
-    return info
+
+
+def _write_all(source, plans: dict, ids: dict[str, list[int]], folder: Path,
+               options: PrepareOptions, workers: int) -> list[ShardResult]:
+    from tqdm import tqdm
+    total = sum(int(plans[split].bounds[k + 1] - plans[split].bounds[k])
+                for split, shard_ids in ids.items() for k in shard_ids)
+    results = []
+    with tqdm(total=total, unit="img", desc="prepare", disable=not options.progress,
+              file=sys.stderr, dynamic_ncols=True) as progress:
+        for split, split_source in source.splits.items():
+            if ids.get(split):
+                progress.set_description(f"prepare {split}")
+                results += _write_shards(split, split_source, plans[split], ids[split], folder,
+                                         options, workers, progress)
+    return results
+
+
+def source_facts(source, options: PrepareOptions) -> dict:
+    """What dataset.json says of the source (a part manifest carries it to `merge`)."""
+    return {"classes": list(source.classes), "path": str(Path(source.path).absolute()),
+            "kind": source.kind, "fingerprint": source.fingerprint(),
+            "val_fraction": options.val_fraction}
 
 
 def _check_options(options: PrepareOptions) -> None:
@@ -262,33 +321,15 @@ def _check_options(options: PrepareOptions) -> None:
     if not 0 <= options.max_side <= fmt.MAX_IMAGE_SIDE:
         raise PrepareError(f"--max-side must be in 0..{fmt.MAX_IMAGE_SIDE} (0 keeps the size), "
                            f"not {options.max_side}")
+    if options.shard_size is not None and options.shard_size < 1:
+        raise PrepareError(f"--shard-size must be a positive size, not {options.shard_size}")
+    if options.part is not None and not 0 <= options.part[0] < options.part[1]:
+        raise PrepareError(f"--part {options.part[0]}/{options.part[1]}: expected i/N with "
+                           f"0 <= i < N")
+    if options.part is not None and options.shard_size is None:
+        raise PrepareError("--part needs --shard-size: parts are made of whole shards "
+                           "(e.g. --shard-size 1GB --part 0/4)")
     limits = options.limits
     if limits.max_file_bytes <= 0 or limits.max_array_bytes <= 0 or limits.max_inflate_ratio < 1:
         raise PrepareError("--max-file-mb and --max-array-mb must be positive and "
                            "--max-inflate-ratio at least 1")
-
-
-def _dataset_info(source, options: PrepareOptions, results: dict, folder: Path) -> dict:
-    splits = {}
-    for split, r in results.items():
-        path = folder / split_filename(split)
-        splits[split] = {"file": path.name, "num_samples": r.written,
-                         "skipped": len(r.skipped), "encodings": r.mode_counts,
-                         "bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    if not any(r.written for r in results.values()):
-        raise PrepareError(f"{source.path}: no image could be read (all were skipped)")
-    stats_split = "train" if "train" in results else next(iter(results))
-    stats = _pixel_stats(results[stats_split])
-    if stats:
-        stats["split"] = stats_split
-    return {
-        "format_version": DATASET_FORMAT_VERSION,
-        "turbotrain_version": __version__,
-        "classes": list(source.classes),
-        "splits": splits,
-        "pixel_stats": stats,
-        "encoding": {"encoding": options.encoding, "max_side": options.max_side,
-                     "quality": options.quality, "page_size": fmt.DEFAULT_PAGE_SIZE},
-        "source": {"path": str(Path(source.path).absolute()), "kind": source.kind,
-                   "fingerprint": source.fingerprint(), "val_fraction": options.val_fraction},
-    }

@@ -20,8 +20,15 @@ from .format import MAX_CLASSES
 from .reader import DatasetError
 from .untrusted import MIB, UnsafeInput, is_inside, open_regular, read_regular
 
-# Version of `dataset.json` (ours; the `.beton` inside has FFCV's own version number).
+# Version of `dataset.json` (ours; the `.beton` inside has FFCV's own version number). A dataset
+# with a sharded split says 2, so a turbotrain that predates shards refuses it with a hint
+# instead of missing a split's `file`; an unsharded one still says 1, for those that predate.
 DATASET_FORMAT_VERSION = 1
+SHARDED_FORMAT_VERSION = 2
+READ_FORMAT_VERSIONS = (DATASET_FORMAT_VERSION, SHARDED_FORMAT_VERSION)
+# The most shards a split may list: what a 5-digit shard number counts (shards.py), and a bound
+# on the index a reader walks (100,000 entries are ~15 MB of JSON, under MAX_JSON_BYTES).
+MAX_SHARDS = 100_000
 DATASET_JSON = "dataset.json"
 SPLITS = ("train", "val")
 
@@ -50,22 +57,37 @@ def read_dataset_json(root: Path) -> dict:
         raise DatasetError(f"{printable(path)}: {e}") from None
     except OSError as e:
         raise DatasetError(f"{printable(path)}: unreadable ({e.strerror or e})") from None
+    return parse_dataset_json(data, root)
+
+
+def parse_dataset_json(data: bytes, root, check_files: bool = True) -> dict:
+    """dataset.json's bytes (at most MAX_JSON_BYTES), parsed and checked; `root` names the
+    folder (or URL) in messages. A remote index passes check_files=False."""
+    path = _json_shown(root)
     try:
         info = json.loads(data)
     except RecursionError:
-        raise DatasetError(f"{printable(path)}: not valid dataset metadata (JSON nested too "
+        raise DatasetError(f"{path}: not valid dataset metadata (JSON nested too "
                            f"deeply); re-run prepare-dataset") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, a 5,000-digit number
-        raise DatasetError(f"{printable(path)}: not valid JSON ({_one_line(e)}); "
+        raise DatasetError(f"{path}: not valid JSON ({_one_line(e)}); "
                            f"re-run prepare-dataset") from None
-    check_dataset_info(info, root)
+    check_dataset_info(info, root, check_files)
     return info
 
 
-def check_dataset_info(info: object, root: Path) -> None:
+def _json_shown(root) -> str:
+    """OUT/dataset.json for a folder, URL/dataset.json for a store."""
+    if isinstance(root, str) and "://" in root:
+        return printable(f"{root.rstrip('/')}/{DATASET_JSON}")
+    return printable(Path(root) / DATASET_JSON)
+
+
+def check_dataset_info(info: object, root: Path, check_files: bool = True) -> None:
     """Raises DatasetError unless info is a dataset.json this turbotrain reads safely: the types
-    and ranges of docs/FORMAT.md, and split files that are regular files inside root."""
-    path = printable(Path(root) / DATASET_JSON)
+    and ranges of docs/FORMAT.md, and split files that are regular files inside root
+    (`check_files=False`: a remote index, whose files are objects in a store)."""
+    path = _json_shown(root)
 
     def fail(field: str, problem: str) -> DatasetError:
         return DatasetError(f"{path}: {field} {problem}")
@@ -74,22 +96,27 @@ def check_dataset_info(info: object, root: Path) -> None:
         raise DatasetError(f"{path}: not dataset metadata (a JSON {_json_type(info)}, expected "
                            f"an object); re-run prepare-dataset")
     version = info.get("format_version")
-    if not _is_int(version) or version != DATASET_FORMAT_VERSION:
+    if not _is_int(version) or version not in READ_FORMAT_VERSIONS:
         raise DatasetError(f"{path}: dataset format version {_shown(version)}, this turbotrain "
-                           f"reads version {DATASET_FORMAT_VERSION}; re-run prepare-dataset")
+                           f"reads versions {DATASET_FORMAT_VERSION} and "
+                           f"{SHARDED_FORMAT_VERSION}; re-run prepare-dataset")
     _check_classes(info.get("classes", _MISSING), fail)
     splits = info.get("splits", _MISSING)
     if not isinstance(splits, dict) or not splits:
         raise fail("splits", f"must be an object holding a train and/or val split, "
                              f"not {_shown(splits)}")
+    sharded = any(isinstance(meta, dict) and "shards" in meta for meta in splits.values())
+    if sharded and version != SHARDED_FORMAT_VERSION:
+        raise fail("format_version", f"must be {SHARDED_FORMAT_VERSION} for a dataset with "
+                                     f"sharded splits, not {_shown(version)}")
     for name, meta in splits.items():
         if name not in SPLITS:
             raise fail("splits", f"has a split named {_shown(name)}; expected "
                                  f"{' or '.join(SPLITS)}")
-        _check_split(name, meta, Path(root), fail)
+        _check_split(name, meta, root, fail, check_files)
     _check_pixel_stats(info.get("pixel_stats"), fail)
     _check_object(info, "encoding", {"encoding": str, "max_side": int, "quality": int,
-                                     "page_size": int}, fail)
+                                     "page_size": int, "shard_size": int}, fail)
     _check_object(info, "source", {"path": str, "kind": str, "fingerprint": str,
                                    "val_fraction": float}, fail)
     _check_object(info, "turbotrain_version", None, fail)
@@ -113,27 +140,74 @@ def _check_classes(classes: object, fail) -> None:
             raise fail(f"classes[{k}]", f"is not valid Unicode text: {_shown(name)}")
 
 
-def _check_split(name: str, meta: object, root: Path, fail) -> None:
+def _check_split(name: str, meta: object, root: Path, fail, check_files: bool) -> None:
     field = f"splits.{name}"
     if not isinstance(meta, dict):
         raise fail(field, f"must be an object, not {_shown(meta)}")
-    file = meta.get("file", _MISSING)
-    if not _is_bare_name(file):
-        raise fail(f"{field}.file", f"must be a file name inside {printable(root)}, "
-                                    f"not {_shown(file)}")
-    _check_count(meta, "num_samples", field, fail, required=True)
-    _check_count(meta, "bytes", field, fail)
-    _check_count(meta, "skipped", field, fail)
-    digest = meta.get("sha256")
-    if digest is not None and not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
-        raise fail(f"{field}.sha256", f"must be 64 hexadecimal digits, not {_shown(digest)}")
+    _check_counts_and_digest(meta, field, fail)
     encodings = meta.get("encodings")
     if encodings is not None:
         if not isinstance(encodings, dict):
             raise fail(f"{field}.encodings", f"must be an object, not {_shown(encodings)}")
         for kind in encodings:
             _check_count(encodings, kind, f"{field}.encodings", fail)
-    _check_split_file(name, root / file)
+    if "shards" in meta:
+        entries = _check_shards(name, meta, root, fail)
+    else:
+        _check_file_name(meta, field, root, fail)
+        entries = [meta]
+    if check_files:
+        for entry in entries:
+            _check_split_file(name, Path(root) / entry["file"])
+
+
+def _check_counts_and_digest(meta: dict, field: str, fail) -> None:
+    _check_count(meta, "num_samples", field, fail, required=True)
+    _check_count(meta, "bytes", field, fail)
+    _check_count(meta, "skipped", field, fail)
+    digest = meta.get("sha256")
+    if digest is not None and not (isinstance(digest, str) and _SHA256.fullmatch(digest)):
+        raise fail(f"{field}.sha256", f"must be 64 hexadecimal digits, not {_shown(digest)}")
+
+
+def _check_file_name(meta: dict, field: str, root: Path, fail) -> None:
+    file = meta.get("file", _MISSING)
+    if not _is_bare_name(file):
+        raise fail(f"{field}.file", f"must be a file name inside {printable(root)}, "
+                                    f"not {_shown(file)}")
+
+
+def _check_shards(name: str, meta: dict, root: Path, fail) -> list[dict]:
+    """A sharded split: a list of shard entries whose counts add up to the split's totals, each
+    a distinct bare file name with its size and checksum (the shards are verified by these)."""
+    field = f"splits.{name}"
+    shards = meta["shards"]
+    if "file" in meta:
+        raise fail(field, "must have either a file or shards, not both")
+    if not isinstance(shards, list) or not 1 <= len(shards) <= MAX_SHARDS:
+        raise fail(f"{field}.shards", f"must be a list of 1 to {MAX_SHARDS:,} shard entries, "
+                                      f"not {_shown(shards)}")
+    for k, entry in enumerate(shards):
+        at = f"{field}.shards[{k}]"
+        if not isinstance(entry, dict):
+            raise fail(at, f"must be an object, not {_shown(entry)}")
+        _check_file_name(entry, at, root, fail)
+        _check_counts_and_digest(entry, at, fail)
+        for key in ("bytes", "sha256"):
+            if key not in entry:
+                raise fail(f"{at}.{key}", "is missing (every shard records its size and "
+                                          "checksum)")
+    files = [entry["file"] for entry in shards]
+    if len(set(files)) != len(files):
+        raise fail(f"{field}.shards", "lists one file twice")
+    total = sum(entry["num_samples"] for entry in shards)
+    if total != meta["num_samples"]:
+        raise fail(f"{field}.num_samples", f"is {meta['num_samples']}, but its shards hold "
+                                           f"{total} samples")
+    if "bytes" in meta and sum(entry["bytes"] for entry in shards) != meta["bytes"]:
+        raise fail(f"{field}.bytes", f"is {meta['bytes']}, but its shards add up to "
+                                     f"{sum(entry['bytes'] for entry in shards)}")
+    return shards
 
 
 def _check_split_file(split: str, path: Path) -> None:

@@ -375,3 +375,25 @@ def with_val_split(source: Source, fraction: float, seed: int = 0) -> Source:
     splits = {"train": train.subset(np.flatnonzero(~is_val)),
               "val": train.subset(np.flatnonzero(is_val))}
     return Source(source.kind, source.path, source.classes, splits, source.content_files)
+
+
+def shuffled_train(source: Source, seed: int = 0) -> Source:
+    """The source with its train split in a seeded shuffle of its order, as a sharded dataset
+    stores it. Sources list samples by class (ImageFolder, most CSVs, some arrays), so shards
+    in source order would each hold a class or two, and the quasi-random order, which reads a
+    window of a few shards at a time (pipeline/order.py), would train on few-class batches.
+    Raw PCG64 keys, as in with_val_split, so every part of a conversion (--part) and every
+    machine computes the same order; the stream is keyed [seed, MAX_CLASSES], which no class's
+    val stream (keyed [seed, label], label < MAX_CLASSES) can equal. The val split keeps its
+    order: evaluation reads it in sequence."""
+    train = source.splits.get("train")
+    if train is None or len(train) < 2:
+        return source
+    splits = {**source.splits, "train": train.subset(shuffled_order(len(train), seed))}
+    return Source(source.kind, source.path, source.classes, splits, source.content_files)
+
+
+def shuffled_order(count: int, seed: int = 0) -> np.ndarray:
+    """Source index of each stored sample of a sharded train split (shuffled_train)."""
+    keys = np.random.PCG64(np.random.SeedSequence([seed, MAX_CLASSES])).random_raw(count)
+    return np.argsort(keys, kind="stable")

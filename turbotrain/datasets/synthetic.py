@@ -1,17 +1,25 @@
-"""A deterministic, photo-like sample dataset: ten classes of textured shapes on varied
-backgrounds, written as an ImageFolder of JPEGs.
+"""Deterministic synthetic datasets, because no dataset can be downloaded here.
 
-It is what `make demo` and the benchmarks run on, because no dataset can be downloaded here.
-The images are built to cost what photos cost: smooth lighting, mid-frequency texture and
-sensor-like noise make a 500x375 q90 JPEG about 60-70 KB, like an ImageNet photo, so decode
-and conversion speeds measured on it carry over.
+* `write_shapes_imagefolder`: a photo-like source dataset, ten classes of textured shapes on
+  varied backgrounds written as an ImageFolder of JPEGs; what `make demo` and the benchmarks
+  convert and train on. The images are built to cost what photos cost: smooth lighting,
+  mid-frequency texture and sensor-like noise make a 500x375 q90 JPEG about 60-70 KB, like an
+  ImageNet photo, so decode and conversion speeds measured on it carry over.
+* `write_random_raw_dataset`: an already prepared folder of random raw 32x32 samples, train in
+  shards; exact pixels to compare after a round trip (object storage, the shard cache), and
+  nothing to decode, so a benchmark of the data path measures the data path.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from . import format as fmt
+from .shards import shard_filename
 
 CLASSES = ("circle", "square", "triangle", "star", "ring",
            "cross", "ellipse", "hexagon", "diamond", "stripes")
@@ -132,3 +140,40 @@ def write_shapes_imagefolder(root: str | Path, *, train_per_class: int, val_per_
     with ThreadPoolExecutor(max_workers=threads) as pool:
         list(pool.map(write, jobs))
     return root
+
+
+RAW_SIDE = 32  # raw 32x32 RGB samples: 3 KiB each
+RAW_CLASSES = 5
+
+
+def write_random_raw_dataset(out: str | Path, *, shards: int = 4, per_shard: int = 40,
+                             val: int = 20, seed: int = 0,
+                             page_size: int = fmt.MIN_PAGE_SIZE) -> Path:
+    """Writes a prepared folder `out` (which must not exist): train in `shards` shards of
+    `per_shard` samples (contract 1), val unsharded, labels cycling through 5 classes. With
+    the default 2 MiB pages a shard of 40 samples is ~4 MiB (a metadata page, a data page)."""
+    from .writer import BetonWriter
+    out = Path(out)
+    rng = np.random.default_rng(seed)
+    n = shards * per_shard
+    images = rng.integers(0, 256, (n + val, RAW_SIDE, RAW_SIDE, 3), dtype=np.uint8)
+    labels = np.arange(n + val) % RAW_CLASSES
+
+    def write(path: Path, start: int, stop: int) -> dict:
+        with BetonWriter(path, stop - start, page_size=page_size) as writer:
+            for image, label in zip(images[start:stop], labels[start:stop]):
+                writer.append(fmt.MODE_RAW, RAW_SIDE, RAW_SIDE, image.tobytes(), int(label))
+        return {"file": path.name, "num_samples": stop - start, "bytes": path.stat().st_size,
+                "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+    out.mkdir(parents=True)
+    entries = [write(out / shard_filename("train", k, shards), k * per_shard, (k + 1) * per_shard)
+               for k in range(shards)]
+    val_entry = write(out / "val.beton", n, n + val)
+    info = {"format_version": 2, "classes": [f"c{k}" for k in range(RAW_CLASSES)],
+            "splits": {"train": {"num_samples": n, "skipped": 0,
+                                 "bytes": sum(e["bytes"] for e in entries), "shards": entries},
+                       "val": {**val_entry, "skipped": 0}},
+            "pixel_stats": None}
+    (out / "dataset.json").write_text(json.dumps(info))
+    return out

@@ -43,9 +43,10 @@ def installed_engines() -> frozenset[str]:
 
 
 def why_unavailable(name: str, *, registered, installed, device_type: str,
-                    resident_need: int, budget: tuple[int, str]) -> str | None:
+                    resident_need: int, budget: tuple[int, str],
+                    num_shards: int = 1) -> str | None:
     """Why `name` cannot be used, or None when it looks usable: a pure function of the facts
-    (`budget`: what resident.memory_budget or budget_of says)."""
+    (`budget`: what resident.memory_budget or budget_of says; `num_shards`: the split's)."""
     if name not in registered:
         return f"{name} is not registered"
     if name == "resident":
@@ -60,7 +61,15 @@ def why_unavailable(name: str, *, registered, installed, device_type: str,
             return "nvidia-dali is not installed"
     if name == "ffcv" and "ffcv" not in installed:
         return "ffcv is not installed"
+    if name == "ffcv" and num_shards > 1:
+        return sharded_ffcv_reason(num_shards)
     return None
+
+
+def sharded_ffcv_reason(num_shards: int) -> str:
+    return (f"FFCV's Loader reads one .beton file, and this split is stored in {num_shards} "
+            f"shards; use --pipeline pytorch, resident or dali (or prepare without "
+            f"--shard-size)")
 
 
 def first_usable(verdicts: dict[str, str | None], *, resident_need: int,
@@ -88,7 +97,8 @@ def unavailable_reason(name: str, dataset, options: PipelineOptions) -> str | No
     return why_unavailable(name, registered=pipeline_names(), installed=installed_engines(),
                            device_type=device.type,
                            resident_need=resident_bytes(dataset, options) if resident else 0,
-                           budget=memory_budget(device) if resident else (0, ""))
+                           budget=memory_budget(device) if resident else (0, ""),
+                           num_shards=getattr(dataset, "num_shards", 1))
 
 
 def choose_pipeline(dataset, options: PipelineOptions) -> tuple[str, str]:

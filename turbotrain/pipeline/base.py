@@ -54,8 +54,18 @@ class PipelineOptions:
     # train --scale / --ratio): every pipeline passes them to augment.crop_boxes.
     scale: tuple[float, float] = augment.RESIZED_CROP_SCALE
     ratio: tuple[float, float] = augment.RESIZED_CROP_RATIO
+    # The training order (order.py): "random" (a full permutation per epoch) or "quasi-random"
+    # (blocks permuted, samples shuffled within `order_window` blocks at a time: for splits
+    # larger than memory or the remote cache). Evaluation is sequential either way.
+    order: str = "random"
+    order_window: int = 4
 
     def __post_init__(self):
+        from .order import ORDERS
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)} (got {self.order!r})")
+        if self.order_window < 1:
+            raise ValueError(f"order_window must be >= 1 (got {self.order_window})")
         object.__setattr__(self, "scale", tuple(float(v) for v in self.scale))
         object.__setattr__(self, "ratio", tuple(float(v) for v in self.ratio))
         augment.check_crop_range(self.scale, self.ratio)

@@ -45,6 +45,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode workers/threads (default: from the cores available)")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--order", choices=("random", "quasi-random"), default="random",
+                        help="training sample order (train --order; default: random)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
@@ -86,7 +88,6 @@ def bare_decode_rate(dataset, *, samples: int, threads: int, rounds: int = 2) ->
     also warms the page cache)."""
     import simplejpeg
     from .cpu_decode import DECODE_OPTIONS
-    beton = dataset.beton
     count = min(samples, len(dataset))
     heights = np.asarray(dataset.heights[:count], dtype=np.int64)
     widths = np.asarray(dataset.widths[:count], dtype=np.int64)
@@ -97,7 +98,7 @@ def bare_decode_rate(dataset, *, samples: int, threads: int, rounds: int = 2) ->
         buffer = np.empty(largest, dtype=np.uint8)
         try:
             for i in range(start, count, threads):
-                payload = beton.payload(i)
+                payload = dataset.payload(i)  # by global index: any shard
                 if modes[i] == MODE_JPEG:
                     simplejpeg.decode_jpeg(payload, colorspace="rgb", buffer=buffer,
                                            **DECODE_OPTIONS)
@@ -123,7 +124,8 @@ def bare_decode_rate(dataset, *, samples: int, threads: int, rounds: int = 2) ->
 
 
 def measure(dataset, names: list[str], *, image_size: int, batch_size: int, batches: int,
-            warmup: int, workers: int | None, device, seed: int = 0) -> dict:
+            warmup: int, workers: int | None, device, seed: int = 0,
+            order: str = "random") -> dict:
     """{name: {"images_per_second": float | None[, "error": str]}} for each pipeline, then
     BARE_DECODE."""
     import torch
@@ -136,7 +138,7 @@ def measure(dataset, names: list[str], *, image_size: int, batch_size: int, batc
         try:
             pipeline = build_pipeline(name, dataset, train=True, batch_size=batch_size,
                                       image_size=image_size, device=torch.device(device),
-                                      seed=seed, workers=workers)
+                                      seed=seed, workers=workers, order=order)
         except PipelineError as e:
             results[name] = {"images_per_second": None, "error": str(e)}
             continue
@@ -186,7 +188,8 @@ def run_bench(args: argparse.Namespace) -> int:
         results = measure(dataset, args.pipeline or pipeline_names(),
                           image_size=args.image_size, batch_size=args.batch_size,
                           batches=args.batches, warmup=args.warmup, workers=workers,
-                          device=device, seed=args.seed)
+                          device=device, seed=args.seed,
+                          order=getattr(args, "order", "random"))
     except (DatasetError, ValueError) as e:
         print(f"turbotrain bench: error: {e}", file=sys.stderr)
         return 1

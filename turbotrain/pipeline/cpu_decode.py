@@ -77,8 +77,9 @@ class BatchDecoder:
                  crop_ratio: float = 0.875,
                  scale: tuple[float, float] = augment.RESIZED_CROP_SCALE,
                  ratio: tuple[float, float] = augment.RESIZED_CROP_RATIO):
-        self.beton = dataset.beton
-        self.path = dataset.beton.path
+        # The split (or predict's StoredImages): payload(i) / raw_image(i) by global index; a
+        # sharded split finds the shard.
+        self.dataset = dataset
         self.image_size = image_size
         self.seed = seed
         self.crop_ratio = crop_ratio
@@ -93,15 +94,14 @@ class BatchDecoder:
         self._local = threading.local()
 
     def __getstate__(self) -> dict:
-        # Worker processes reopen the file: pickling the memory map would copy the whole split.
+        # The split pickles without its memory maps (PreparedSplit.__getstate__): a worker
+        # process reopens each shard it reads, instead of receiving a copy of the whole split.
         state = dict(self.__dict__)
-        del state["beton"], state["_local"]
+        del state["_local"]
         return state
 
     def __setstate__(self, state: dict) -> None:
-        from turbotrain.datasets import BetonFile
         self.__dict__.update(state)
-        self.beton = BetonFile(self.path)
         self._local = threading.local()
 
     # -- public ---------------------------------------------------------------------------------
@@ -127,8 +127,12 @@ class BatchDecoder:
                 self._cropped(i, box, out)
         except (ValueError, OSError) as e:  # simplejpeg raises ValueError on corrupt data
             what = "JPEG" if self._modes[i] == MODE_JPEG else "raw image"
-            raise SampleDecodeError(f"{self.path}: sample {i} does not decode as a {what} "
+            raise SampleDecodeError(f"{self._where(i)} does not decode as a {what} "
                                     f"({e})") from e
+
+    def _where(self, i: int) -> str:
+        where = getattr(self.dataset, "where", None)  # predict's StoredImages has no shards
+        return where(i) if where else f"{self.dataset.path}: sample {i}"
 
     # -- kernels --------------------------------------------------------------------------------
     def _scratch(self):
@@ -145,9 +149,9 @@ class BatchDecoder:
         the (y, x) scale from stored to returned pixels."""
         height, width = int(self._heights[i]), int(self._widths[i])
         if self._modes[i] == MODE_RAW:
-            return self.beton.raw_image(i), 1.0, 1.0
+            return self.dataset.raw_image(i), 1.0, 1.0
         import simplejpeg
-        payload = self.beton.payload(i)
+        payload = self.dataset.payload(i)
         # The stored JPEG must be the size its metadata says (1.4 us, 0.2 % of a decode): the
         # buffer is sized for the split's largest image, so a lying one would otherwise decode
         # at a DCT scale that fits and be cropped as if it were the size the metadata gives.

@@ -6,8 +6,8 @@ On CUDA the JPEGs are decoded by nvJPEG (and the A100/H100 hardware decoder wher
 through ``device="mixed"``; elsewhere DALI runs CPU-only (``device_id=None``) with libjpeg-turbo.
 The graph itself is in dali_graph.py. What this module adds around it:
 
-* Order: our `_BatchFeed` hands DALI's ``external_source`` the batches of `order.SampleOrder`
-  (the same as every pipeline's: sharding, resume at batch k, determinism), together with the
+* Order: our `_BatchFeed` hands DALI's ``external_source`` the batches of `order.order_for`
+  (random or quasi-random, the same as every pipeline's: sharding, resume at batch k, determinism), together with the
   crop boxes and flips `augment` draws for them. Labels never enter DALI: they are looked up
   for the same indices here, so they cannot get out of step with the images.
 * Threads: DALI's ``num_threads`` comes from the thread budget (``options.workers``, else
@@ -139,8 +139,7 @@ class DaliPipeline(OrderedPipeline):
         calls this up to its prefetch depth ahead, so the error can come a batch or two before
         the failing one would have been delivered (those delivered passed the same check)."""
         from turbotrain.datasets.images import ImageError, stored_jpeg_size
-        from turbotrain.printable import printable
-        spec, beton = self.spec, self.dataset.beton
+        spec, split = self.spec, self.dataset  # payload(i) by global index, any shard
         modes = self._modes[indices]
         is_jpeg = modes == MODE_JPEG
         values: dict[str, object] = {}
@@ -150,7 +149,7 @@ class DaliPipeline(OrderedPipeline):
                 if not j:
                     jpegs.append(self._placeholder_jpeg)
                     continue
-                payload = np.asarray(beton.payload(i))
+                payload = np.asarray(split.payload(i))
                 expected = (int(self._heights[i]), int(self._widths[i]))
                 try:
                     declared = stored_jpeg_size(payload)
@@ -158,13 +157,13 @@ class DaliPipeline(OrderedPipeline):
                     declared = expected  # unreadable: DALI's decode fails on it, see _failure
                 if declared != expected:
                     raise SampleDecodeError(
-                        f"{printable(beton.path)}: sample {i}: its JPEG header declares "
+                        f"{split.where(i)}: its JPEG header declares "
                         f"{declared[1]}x{declared[0]} pixels, the metadata "
                         f"{expected[1]}x{expected[0]}; refused before decoding")
                 jpegs.append(payload)
             values["jpeg"] = jpegs
         if spec.has_raw:
-            values["raw"] = [PLACEHOLDER_RAW if j else np.asarray(beton.raw_image(i))
+            values["raw"] = [PLACEHOLDER_RAW if j else np.asarray(split.raw_image(i))
                              for i, j in zip(indices.tolist(), is_jpeg.tolist())]
         if spec.boxed or spec.flips:
             boxes = augment.crop_boxes(self.family, seed=self.options.seed, epoch=epoch,
@@ -269,7 +268,7 @@ class DaliPipeline(OrderedPipeline):
                 except DatasetError:
                     what = "JPEG" if self._modes[i] == MODE_JPEG else "raw image"
                     return SampleDecodeError(
-                        f"{self.dataset.beton.path}: sample {i} does not decode as a {what} "
+                        f"{self.dataset.where(i)} does not decode as a {what} "
                         f"(DALI: {reason})")
         return PipelineError(f"dali: {reason}")
 

@@ -17,8 +17,9 @@ Where we depart from FFCV's defaults, and why:
 * Order: FFCV's own RANDOM order is ``default_rng(seed + epoch).permutation`` (and
   ``DistributedSampler`` with ``distributed=True``); QUASI_RANDOM is another order again. Neither
   is the contract's. We skip ``Loader.__iter__`` (five lines) and hand FFCV's epoch iterator
-  the concatenated batches of `order.SampleOrder` for this rank, so `ffcv` yields the same
-  batches as every other pipeline: same sharding (DistributedSampler-style ``rank::world``,
+  the concatenated batches of `order.order_for` for this rank (random or quasi-random: FFCV
+  reads whatever indices it is given), so `ffcv` yields the same batches as every other
+  pipeline: same sharding (DistributedSampler-style ``rank::world``,
   which is what FFCV's ``distributed=True`` would do, so we leave it False rather than shard
   twice), same drop_last, resume at batch k.
 * Augmentation: the shared boxes (see ffcv_decoder.py), not numba's unseeded RNG.
@@ -253,6 +254,10 @@ class FfcvPipeline(OrderedPipeline):
 
     def __init__(self, dataset, options: PipelineOptions, *,
                  batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S):
+        num_shards = getattr(dataset, "num_shards", 1)
+        if num_shards > 1:  # FFCV's Loader maps one file; it cannot read a list of shards
+            from .auto import sharded_ffcv_reason
+            raise PipelineUnavailable(f"pipeline 'ffcv': {sharded_ffcv_reason(num_shards)}")
         super().__init__(dataset, options)
         import_ffcv()
         _patch_ffcv_state_type()

@@ -1,9 +1,15 @@
 """The common body of pipelines that control their sample order (all of ours).
 
-`OrderedPipeline` owns the `order.SampleOrder`, `__len__`, and the position bookkeeping behind
+`OrderedPipeline` owns the order (`order.order_for`: `SampleOrder`, or `QuasiRandomOrder` with
+``options.order="quasi-random"``), `__len__`, and the position bookkeeping behind
 `state_dict()`: the batch counter advances as each batch is handed to the caller, so a state
 saved while batch k is being used resumes at batch k + 1. Subclasses only turn a list of index
 batches into device batches (`_produce`).
+
+Before each pass it tells the split which shards the remaining batches read, in order
+(``split.will_read(shard_ids)``): a remote split's cache prefetches them and keeps them from
+eviction; a local split ignores the hint. A pipeline that reads nothing during an epoch
+(`resident`: it decoded the split when built) sets ``reads_during_epoch = False``.
 """
 from __future__ import annotations
 
@@ -14,18 +20,20 @@ import numpy as np
 import torch
 
 from .base import Pipeline, PipelineOptions
-from .order import SampleOrder
+from .order import order_for, shards_in_order
 
 
 class OrderedPipeline(Pipeline):
-    """A Pipeline fed by `SampleOrder.from_options(len(dataset), options)`."""
+    """A Pipeline fed by `order.order_for(dataset, options)`."""
+
+    reads_during_epoch = True
 
     def __init__(self, dataset, options: PipelineOptions):
         super().__init__(dataset, options)
         if options.batch_size < 1 or options.image_size < 1:
             raise ValueError(f"batch_size and image_size must be >= 1 "
                              f"(got {options.batch_size}, {options.image_size})")
-        self.order = SampleOrder.from_options(len(dataset), options)
+        self.order = order_for(dataset, options)
         self.device = torch.device(options.device)
 
     def __len__(self) -> int:
@@ -34,12 +42,21 @@ class OrderedPipeline(Pipeline):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch = self.epoch
         batches = self.order.batches(epoch)[self.batch_index:]
+        self._announce(batches)
         for images, labels in self._produce(epoch, batches):
             self.batch_index += 1
             yield images, labels
         if self.epoch == epoch:
             # A finished epoch starts over if iterated again without set_epoch (DataLoader-like).
             self.batch_index = 0
+
+    def _announce(self, batches: list[np.ndarray]) -> None:
+        """`split.will_read` with the shards `batches` read, in order (module docstring)."""
+        will_read = getattr(self.dataset, "will_read", None)
+        bounds = getattr(self.dataset, "shard_bounds", None)
+        if will_read is None or bounds is None or not self.reads_during_epoch or not batches:
+            return
+        will_read(shards_in_order(bounds, np.concatenate(batches)))
 
     @abc.abstractmethod
     def _produce(self, epoch: int, batches: list[np.ndarray]

@@ -146,7 +146,8 @@ class _ProcessBatches:
             num_workers=workers, persistent_workers=workers > 0,
             prefetch_factor=PREFETCH_PER_WORKER if workers > 0 else None,
             pin_memory=pinned, worker_init_fn=_worker_init if workers > 0 else None,
-            collate_fn=_no_collate)
+            collate_fn=_no_collate,
+            multiprocessing_context=_start_method(decoder.dataset) if workers > 0 else None)
 
     def run(self, epoch: int, batches: list[np.ndarray]) -> Iterator:
         self.keys.keys = [(epoch, indices) for indices in batches]
@@ -164,6 +165,17 @@ class _ProcessBatches:
 
 def _no_collate(batch):
     return batch
+
+
+def _start_method(dataset) -> str | None:
+    """How worker processes start: fork (torch's default on Linux: the split's maps are
+    inherited, nothing is pickled), unless a shard is remote. The object-store client's runtime,
+    the cache's prefetch threads and its file locks do not survive fork (a forked worker hung
+    for good in our suite while the parent prefetched), so those workers start fresh and open
+    the split they are sent (PreparedSplit pickles without maps or hooks)."""
+    from turbotrain.datasets.shards import LocalShard
+    shards = getattr(dataset, "shards", ())
+    return "spawn" if any(not isinstance(s, LocalShard) for s in shards) else None
 
 
 # How the batch tasks run; an unknown name lists the choices.

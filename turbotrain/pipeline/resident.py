@@ -92,6 +92,7 @@ def resident_bytes(dataset, options: PipelineOptions) -> int:
 
 class ResidentPipeline(OrderedPipeline):
     name = "resident"
+    reads_during_epoch = False  # the split is decoded into the store when built
 
     def __init__(self, dataset, options: PipelineOptions):
         super().__init__(dataset, options)

@@ -116,8 +116,9 @@ def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSt
     if config.resume == AUTO:  # rank 0 looks at --out, so that every rank takes one path
         listing = _listing(config.out) if env.is_main else None
         observed = observed.replace(out_names=broadcast_object(listing, env))
-    train_data = open_split(config.data, "train")
-    val_data, val_missing = open_val_split(config.data)
+    cache = dict(cache_dir=config.cache_dir, cache_limit=config.cache_limit)  # a --data URL's
+    train_data = open_split(config.data, "train", **cache)
+    val_data, val_missing = open_val_split(config.data, **cache)
     facts = DatasetFacts.of(train_data, val_data, val_missing)
     observed = observed.replace(weights=weights_facts(config))
     planned = plan(config, facts, machine, observed)
@@ -167,7 +168,8 @@ def _open_pipelines(config: TrainConfig, facts: DatasetFacts, machine: Machine,
         options = dict(batch_size=c.batch_size, image_size=c.image_size, device=planned.device,
                        seed=c.seed, rank=env.rank, world_size=env.world_size,
                        workers=planned.budget.workers, worker_mode=c.worker_mode,
-                       scale=c.scale, ratio=c.ratio)
+                       scale=c.scale, ratio=c.ratio, order=c.order,
+                       order_window=c.order_window)
         try:
             train_pipeline = build_pipeline(name, train_data, train=True, **options)
         except PipelineUnavailable as exc:

@@ -31,8 +31,8 @@ def _setting(default, help: str, group: str, *, choices=None, saved: bool = True
 @dataclass
 class TrainConfig:
     # -- data and pipeline
-    data: str | None = _setting(None, "prepared dataset folder (prepare-dataset's OUT); required",
-                                "data")
+    data: str | None = _setting(None, "prepared dataset folder (prepare-dataset's OUT), "
+                                "or its URL (s3://, gs://, az://, https://); required", "data")
     pipeline: str = _setting(AUTO, "batch pipeline; auto: the fastest that can run here "
                              "(resident when the decoded split fits in memory, then dali on "
                              "CUDA, then pytorch)", "data")
@@ -45,6 +45,23 @@ class TrainConfig:
                                 "training process, measured fastest) or processes (a torch "
                                 "DataLoader with worker processes); auto: threads", "data",
                                 choices=["auto", "threads", "processes"])
+    order: str = _setting(AUTO, "training sample order: random (a full shuffle each epoch) or "
+                          "quasi-random (shards, or 64 MiB blocks of an unsharded split, "
+                          "shuffled; samples shuffled within --order-window of them at a time: "
+                          "for data larger than memory or the remote cache); auto: "
+                          "quasi-random when the split exceeds half the available RAM or the "
+                          "--cache-limit, unless it is stored in class order", "data",
+                          choices=(AUTO, "random", "quasi-random"))
+    order_window: int = _setting(4, "quasi-random order: shards (or blocks) whose samples are "
+                                 "shuffled together; bounds the memory or cache the order "
+                                 "needs", "data")
+    # -- a dataset in object storage (--data s3://...; datasets/remote.py, shard_cache.py)
+    cache_dir: str | None = _setting(None, "folder of downloaded shards of a --data URL, "
+                                     "shared by ranks and runs", "data",
+                                     shown="$TURBOTRAIN_CACHE or ~/.cache/turbotrain/shards")
+    cache_limit: str | None = _setting(None, "most bytes --cache-dir may hold (50GB, 512MiB, "
+                                       "...); least recently used shards are deleted first",
+                                       "data", shown="$TURBOTRAIN_CACHE_LIMIT or 50GB")
     # -- model
     model: str = _setting(AUTO, "model name; auto picks by image size and device", "model")
     channels_last: bool | None = _setting(None, "channels_last model and input; auto: on for "
@@ -178,7 +195,7 @@ class TrainConfig:
         at_least = {"epochs": 1, "accum_steps": 1, "log_every": 1, "checkpoint_every": 0,
                     "batch_size": 1, "image_size": 8, "workers": 0, "threads": 1,
                     "max_steps": 1, "warmup_steps": 0, "seed": 0, "dist_timeout": 1,
-                    "global_batch_size": 1}
+                    "global_batch_size": 1, "order_window": 1}
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is not None and value < low:
@@ -191,6 +208,12 @@ class TrainConfig:
         if self.lr is not None and self.lr <= 0:
             raise TrainError(f"--lr must be positive, not {self.lr}")
         self._validate_weights_settings()
+        if self.cache_limit is not None:
+            from turbotrain.sizes import SizeError, parse_size
+            try:
+                parse_size(self.cache_limit, "--cache-limit")
+            except SizeError as exc:
+                raise TrainError(str(exc)) from None
         for name in ("clip_grad", "mixup", "cutmix"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise TrainError(f"--{name.replace('_', '-')} must be a number >= 0 (0: off), "

@@ -71,6 +71,11 @@ def save_yaml(config: TrainConfig, path: str | os.PathLike) -> None:
         tmp.unlink(missing_ok=True)
 
 
+# What a run saved before a setting existed did instead: resuming it must not switch to what
+# `auto` would pick now (a split over half the RAM would go quasi-random mid-run).
+BEFORE_IT_EXISTED = {"order": "random"}
+
+
 def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
     """Defaults <- RUNDIR/config.yaml (with --resume) <- --config FILE <- the given flags."""
     given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
@@ -89,7 +94,7 @@ def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
             if not os.path.lexists(saved_path):  # anything else: load_yaml says what it is
                 raise TrainError(f"--resume: no run to continue in {requested['out']} "
                                  "(no config.yaml there)")
-            saved = load_yaml(saved_path)
+            saved = {**BEFORE_IT_EXISTED, **load_yaml(saved_path)}
     config = TrainConfig(**{**saved, **requested})
     config.validate()
     return config

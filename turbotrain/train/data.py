@@ -10,24 +10,30 @@ from turbotrain.datasets.format import MODE_JPEG
 from turbotrain.pipeline import Pipeline, build_auto, build_pipeline
 
 
-def open_split(path: str, split: str):
-    """The reader's `open_dataset`; DatasetError propagates (its message is one line)."""
+def open_split(path: str, split: str, **cache):
+    """The reader's `open_dataset`; DatasetError propagates (its message is one line).
+    `cache`: cache_dir and cache_limit, for a URL (datasets/remote.py)."""
     from turbotrain.datasets import open_dataset
-    return open_dataset(path, split=split)
+    return open_dataset(path, split=split, **cache)
 
 
-def open_val_split(path: str):
+def open_val_split(path: str, **cache):
     """(the val split, "") or (None, why there is none): then the run does no evaluation.
 
     Only a split that dataset.json does not list counts as absent; a listed but damaged val
     split is an error like any other."""
     from turbotrain.datasets.dataset import read_dataset_json
+    from turbotrain.datasets.remote import is_url, read_remote_dataset_json
     root = Path(path)
-    if root.is_file():
+    if is_url(path):
+        splits = read_remote_dataset_json(path)["splits"]
+    elif root.is_file():
         return None, f"{root} is a single .beton file (no val split beside it)"
-    if "val" not in read_dataset_json(root).get("splits", {}):
-        return None, f"{root} has no val split (prepare-dataset --val-fraction carves one)"
-    return open_split(path, "val"), ""
+    else:
+        splits = read_dataset_json(root).get("splits", {})
+    if "val" not in splits:
+        return None, f"{path} has no val split (prepare-dataset --val-fraction carves one)"
+    return open_split(path, "val", **cache), ""
 
 
 def jpeg_fraction(dataset) -> float:

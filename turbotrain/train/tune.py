@@ -62,6 +62,8 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
                    help="pipelines to try (default: every one that can run here)")
     p.add_argument("--workers", nargs="+", type=int, default=None, metavar="W",
                    help="worker counts to try (default: from the cores)")
+    p.add_argument("--order", choices=("auto", "random", "quasi-random"), default="auto",
+                   help="training sample order, as train's --order (default: train's choice)")
     p.add_argument("--budget-seconds", type=float, default=DEFAULT_BUDGET,
                    help=f"time for the whole sweep (default {DEFAULT_BUDGET:.0f})")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -100,7 +102,8 @@ class Sweep:
         # would also refuse one larger than the split; tune still says how to reach it).
         self.config = TrainConfig(data=str(args.data), model=args.model,
                                   image_size=args.image_size, device=args.device,
-                                  precision=args.precision, optimizer=args.optimizer)
+                                  precision=args.precision, optimizer=args.optimizer,
+                                  order=getattr(args, "order", "auto"))
         self.plan = plan(self.config, self.facts, self.machine)
         self.device = self.plan.device
         self.image_size = self.plan.config.image_size
@@ -158,8 +161,10 @@ class Sweep:
 
     def build_pipeline(self, name: str, workers: int, batch: int):
         from turbotrain.pipeline import build_pipeline
+        order = self.row_plan(name, workers).config.order  # train's rule for this pipeline
         return build_pipeline(name, self.dataset, train=True, batch_size=batch,
-                              image_size=self.image_size, device=self.device, workers=workers)
+                              image_size=self.image_size, device=self.device, workers=workers,
+                              order=order)
 
     def loader_rate(self, row: Row, batch: int, seconds: float, guess: float | None) -> float:
         """Images/s of the pipeline alone; `guess` (images/s) sizes the timed batch count."""
@@ -310,6 +315,8 @@ class Sweep:
             parts.append(f"--image-size {self.image_size}")
         if self.args.precision != "auto":
             parts.append(f"--precision {self.precision}")
+        if getattr(self.args, "order", "auto") != "auto":
+            parts.append(f"--order {self.args.order}")
         parts.append(f"--batch-size {plan['batch_size']}")
         if plan["accum_steps"] > 1:
             parts.append(f"--accum-steps {plan['accum_steps']}")

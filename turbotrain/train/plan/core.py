@@ -36,7 +36,8 @@ from .rules import BatchSearch, Decision
 # The order decisions are printed in at the start of a run.
 ORDER = ("device", "resume", "host_memory", "evaluation", "image_size", "model", "model_kwargs",
          "batch_size", "accum_steps", "lr", "weight_decay", "worker_mode", "precision",
-         "compile", "compile_mode", "channels_last", "pipeline", "threads", "warmup_steps")
+         "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
+         "warmup_steps")
 # Pipelines that make their batches in the training process, between steps, and so leave
 # torch every core (their `cpu_workers` is 0: resident.py says why).
 LOADS_IN_PROCESS = ("resident",)
@@ -127,6 +128,10 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     need = facts.resident_bytes(config.image_size)  # the resident store, and its budget here
     room = budget_of(gpu.free if gpu is not None else machine.ram_bytes, d["device"].value)
     pipeline = _pipeline(d, config, machine, observed, need, room)
+    config = config.replace(order=_decide(d, "order", rules.order(
+        config.order, pipeline=pipeline, stored_bytes=facts.stored_bytes,
+        ram_bytes=machine.ram_bytes, cache_limit=facts.cache_limit,
+        same_label_neighbours=facts.same_label_neighbours)))
     # The resident store is decoded after the batch is chosen: a search leaves it room.
     reserve = need if pipeline == "resident" and need <= room[0] else 0
     batch, search = _batch(d, config, facts, machine, spec, reserve, observed)

@@ -18,15 +18,28 @@ class DatasetFacts:
     class_names: tuple[str, ...] = ()
     val_count: int | None = None  # None: no val split, for the reason in `val_missing`
     val_missing: str = ""
+    stored_bytes: int = 0  # the train split on disk (dataset.json's total)
+    # A remote split's local shard cache limit in bytes (None: local data, or no limit).
+    cache_limit: int | None = None
+    # Share of neighbouring train samples with the same label: ~1/classes for a shuffled
+    # split, ~1 for one stored in class order (ImageFolder sources are).
+    same_label_neighbours: float = 0.0
 
     @classmethod
     def of(cls, train, val=None, val_missing: str = "no val split") -> DatasetFacts:
         """From opened splits (datasets.open_dataset); `val_missing`: why `val` is None."""
+        from turbotrain.pipeline.order import stored_bytes
+
         from ..data import jpeg_fraction, largest_side
+        labels = np.asarray(train.labels)
+        same = float((labels[1:] == labels[:-1]).mean()) if len(labels) > 1 else 0.0
         return cls(train_count=len(train), largest_side=largest_side(train),
                    jpeg_fraction=jpeg_fraction(train), num_classes=train.num_classes,
                    class_names=tuple(train.class_names),
-                   val_count=None if val is None else len(val), val_missing=val_missing)
+                   val_count=None if val is None else len(val), val_missing=val_missing,
+                   stored_bytes=stored_bytes(train),
+                   cache_limit=getattr(train, "cache_limit", None),
+                   same_label_neighbours=same)
 
     @property
     def small(self) -> bool:

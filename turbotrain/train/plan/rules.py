@@ -317,6 +317,49 @@ def worker_mode() -> Decision:
     return Decision("threads", "measured faster than worker processes")
 
 
+# ---------------------------------------------------------------------------- sample order
+
+# `--order auto` keeps a full shuffle while the page cache can hold the stored split: at most
+# this share of the available RAM (the rest: the model, the pipeline's batches, the system).
+# Past it, a random read is a disk read for one image: bench/bench_order.py measures random
+# against quasi-random on a split 4x its memory limit.
+PAGE_CACHE_SHARE = 0.5
+# A split whose neighbouring samples share a label this often is stored in class order: a
+# window of a few blocks would hold a few classes, so auto keeps the full shuffle.
+CLASS_ORDER_SHARE = 0.5
+
+
+def order(requested: str, *, pipeline: str, stored_bytes: int, ram_bytes: int,
+          cache_limit: int | None, same_label_neighbours: float) -> Decision:
+    """`--order`: random (a full shuffle each epoch) unless the stored split outgrows the page
+    cache or the remote cache limit, then quasi-random (pipeline/order.py), which needs only
+    a window of shards at a time."""
+    if requested != "auto":
+        return Decision(requested, "asked for")
+    gib = 2**30
+    size = f"the stored split ({stored_bytes / gib:.1f} GiB)"
+    if pipeline == "resident":
+        return Decision("random", "resident holds the decoded split: nothing is read from "
+                        "disk during an epoch")
+    budget = int(ram_bytes * PAGE_CACHE_SHARE)
+    if cache_limit is not None and stored_bytes > cache_limit:
+        why = f"{size} exceeds the --cache-limit of {cache_limit / gib:.1f} GiB"
+    elif stored_bytes > budget:
+        why = (f"{size} exceeds {PAGE_CACHE_SHARE:.0%} of the {ram_bytes / gib:.1f} GiB of "
+               "available RAM, so the page cache cannot hold it")
+    else:
+        return Decision("random", f"{size} fits in {PAGE_CACHE_SHARE:.0%} of the "
+                        f"{ram_bytes / gib:.1f} GiB of available RAM: a full shuffle reads "
+                        "from the page cache")
+    if same_label_neighbours > CLASS_ORDER_SHARE:
+        return Decision("random", f"{why}, but it is stored in class order "
+                        f"({same_label_neighbours:.0%} of neighbouring samples share a label): "
+                        "quasi-random batches would hold few classes, so the full shuffle "
+                        "stays (slower reads); --order quasi-random forces it")
+    return Decision("quasi-random", f"{why}: blocks are shuffled and read a window at a time "
+                    "(pipeline/order.py)")
+
+
 # ---------------------------------------------------------------------------- --resume auto
 
 def resume(out: str | None, names, checkpoint_name: str) -> Decision:
