@@ -265,9 +265,13 @@ def test_pretrained_timm_weights_from_the_hf_cache(train_cli, tiny_dataset, tmp_
     save_file(state, str(repo / "snapshots" / ("a" * 40) / "model.safetensors"))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
     out = tmp_path / "r"
+    # fp32: in about 1 of 8 runs of this file the bf16 step of this random-weight ResNet-18
+    # came out non-finite (seen in CI on 2026-12-01, cause not found yet; the weights loading
+    # this test checks does not depend on the precision).
     code, stdout, err = train_cli("--data", tiny_dataset, "--out", out, "--model",
                                   "timm:resnet18", "--pretrained", "--epochs", 1,
-                                  "--max-steps", 1, "--batch-size", 16, *TINY_LR, *FAST, *CPU)
+                                  "--max-steps", 1, "--batch-size", 16, "--precision", "fp32",
+                                  *TINY_LR, *FAST, *CPU)
     assert code == 0, err
     assert f"  init: timm's {hub_id}: --pretrained" in stdout
     assert "  normalisation: mean 123.7/116.3/103.5 std 58.4/57.12/57.38: ImageNet's" in stdout
