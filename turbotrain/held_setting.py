@@ -12,6 +12,14 @@ have nothing finer.
         ...
     release = ONE_CV2_THREAD.hold()       # for an owner with a lifetime (a pipeline) ...
     release()                             # ... in its close(); calling it again does nothing
+
+OpenCV's thread count matters for a second reason: a process that forks workers while cv2's
+thread pool is alive must not let those workers change the count. In the child, the pool's
+threads are gone but its condition variables still have waiters on record, and
+`cv2.setNumThreads` there blocks forever in pthread_cond_destroy (prepare-dataset hung so after
+the bench had drawn its images with cv2 in the same process). So whoever forks workers holds
+ONE_CV2_THREAD in the parent first: the pool is then torn down in the parent, where its threads
+exist, and the children inherit a single thread.
 """
 from __future__ import annotations
 
@@ -56,3 +64,18 @@ class HeldSetting:
                 held[0] = False
                 self.__exit__()
         return release
+
+
+def _cv2_threads() -> int:
+    import cv2
+    return cv2.getNumThreads()
+
+
+def _set_cv2_threads(count: int) -> None:
+    import cv2
+    cv2.setNumThreads(count)
+
+
+# One OpenCV thread: for code that parallelises across images itself (cv2's own pool inside
+# each call only adds overhead then) and for any process about to fork workers (above).
+ONE_CV2_THREAD = HeldSetting(_cv2_threads, _set_cv2_threads, lambda: 1)

@@ -57,6 +57,26 @@ def test_imagefolder_jpeg_round_trip_and_pass_through(photo_folder, tmp_path):
         assert info["classes"][label] == path.parent.name
 
 
+def test_workers_start_after_cv2_used_its_thread_pool(photo_folder, tmp_path):
+    """A program that used cv2's thread pool (here: drawing images, as bench_pipelines.py does
+    before preparing them) then prepares with 2 workers: forked workers that set their own cv2
+    thread count beside the inherited pool hung in pthread_cond_destroy for good."""
+    code = ("import sys, cv2, numpy\n"
+            "from turbotrain.datasets.prepare import PrepareOptions, prepare_dataset\n"
+            "cv2.setNumThreads(2)\n"
+            "for _ in range(4):\n"
+            "    cv2.resize(numpy.zeros((1500, 1500, 3), numpy.uint8), (300, 300),\n"
+            "               interpolation=cv2.INTER_AREA)\n"
+            "prepare_dataset(sys.argv[1], sys.argv[2], PrepareOptions(workers=2, "
+            "progress=False))\n"
+            "print(cv2.getNumThreads())\n")
+    done = subprocess.run([sys.executable, "-c", code, str(photo_folder), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["2"]  # the program's own setting is given back
+    assert len(open_dataset(tmp_path / "out")) == 40
+
+
 def test_max_side_downsizes_keeping_aspect(photo_folder, tmp_path):
     out = tmp_path / "small"
     cli("prepare", photo_folder, out, "--max-side", "80", check=0)

@@ -214,8 +214,11 @@ def test_closed_pipelines_give_cv2_its_threads_back(name, split):
     one closed gives the process's own count back."""
     import cv2
     kind, dataset, size = split
-    # Decode threads for the pipeline's life: pytorch's, resident's photo crops on the CPU.
-    holds = name == "pytorch" or (name == "resident" and kind == "photo")
+    # cv2 in threads for the pipeline's life, on the Python decode path only (the native kernel
+    # does not use cv2): pytorch's decode threads, resident's photo crops on the CPU.
+    from turbotrain.pipeline import kernel
+    holds = kernel.NATIVE is None and (name == "pytorch" or (name == "resident" and
+                                                             kind == "photo"))
     before = cv2.getNumThreads()
     cv2.setNumThreads(3)  # the user's setting
     try:

@@ -225,6 +225,32 @@ class PreparedSplit:
         beton, j = self.locate(int(i))
         return beton.payload(j)
 
+    def payload_addresses(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+        """Vectorised `payload` for the compiled decode kernel: the int64 memory addresses and
+        sizes of samples `indices`, gathered shard by shard from the allocation tables (a shard
+        is opened, or for a remote split fetched through the cache, the first time), and the
+        memory maps they point into, which the caller holds until it has read them. A shard
+        the cache closes meanwhile stays mapped for as long as that holds."""
+        indices = np.asarray(indices, dtype=np.int64)
+        single = self._single
+        if single is not None or len(self.shards) == 1:
+            addresses, sizes, mapped = (single or self.shard(0)).payload_addresses(indices)
+            return addresses, sizes, [mapped]
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+            bad = int(indices[(indices < 0) | (indices >= len(self))][0])
+            raise IndexError(f"sample {bad} out of range for {self.where_split()} "
+                             f"({len(self)} samples)")
+        shard = np.searchsorted(self.shard_bounds, indices, side="right") - 1
+        addresses = np.empty(len(indices), dtype=np.int64)
+        sizes = np.empty(len(indices), dtype=np.int64)
+        keep = []
+        for k in np.unique(shard).tolist():  # a batch touches a shard or two (order.py)
+            rows = np.flatnonzero(shard == k)
+            addresses[rows], sizes[rows], mapped = self.shard(k).payload_addresses(
+                indices[rows] - self.shard_bounds[k])
+            keep.append(mapped)
+        return addresses, sizes, keep
+
     def raw_image(self, i: int) -> np.ndarray:
         """Sample i stored raw, as an HWC uint8 view (no copy)."""
         single = self._single

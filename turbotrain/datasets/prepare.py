@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from turbotrain.held_setting import ONE_CV2_THREAD
+
 from . import format as fmt
 from .dataset import DATASET_JSON, file_sha256, split_filename
 from .output_folder import (OutputFolderError, check_output, install, partial_dir,
@@ -134,6 +136,9 @@ def _encoded_chunks(split_source, options: PrepareOptions, workers: int,
     # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (OOM killer, a crash in
     # a codec) raises BrokenProcessPool here instead of hanging the conversion forever.
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    # One cv2 thread here before forking: a worker's own cv2.setNumThreads(1) hangs when it
+    # inherits a live cv2 pool (held_setting.py), as after drawing images with cv2 beforehand.
+    release_cv2 = ONE_CV2_THREAD.hold()
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
                                initializer=_init_worker, initargs=(split_source, options, True))
     try:
@@ -150,6 +155,7 @@ def _encoded_chunks(split_source, options: PrepareOptions, workers: int,
                                    "fewer --workers or a smaller --max-side") from e
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        release_cv2()
 
 
 def _write_shards(split: str, split_source, plan: SplitPlan, shard_ids: list[int],

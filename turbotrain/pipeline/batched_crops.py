@@ -8,8 +8,9 @@ Two operations, both writing a fresh uint8 (B, S, S, 3) batch:
 * `resized_crops`: a box per sample resized to S x S, optionally mirrored (RandomResizedCrop).
   On CUDA: one `F.grid_sample` over the batch with per-sample affine grids (bilinear; the flip
   is a negative x scale). On the CPU grid_sample costs ~1.1 ms per 224 px sample (69 ms per 64
-  on 2 cores; roi_align 220 ms), while cv2 resizes a box in ~60 us, so the CPU path runs
-  cv2 per sample on a small thread pool.
+  on 2 cores; roi_align 220 ms), while a box resizes in ~60-100 us, so the CPU path hands the
+  batch to the compiled kernel as raw samples (cpu_decode's crop, resize and flip, on its own
+  threads, without the GIL), or without the kernel runs cv2 per sample on a thread pool.
 """
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .cpu_decode import ONE_CV2_THREAD
+from turbotrain.datasets.format import MODE_RAW
+from turbotrain.held_setting import ONE_CV2_THREAD
+
+from . import kernel
+from .base import PipelineError
 
 
 class ShiftedCrops:
@@ -67,20 +72,40 @@ class ResizedCrops:
     def __init__(self, store: torch.Tensor, size: int, threads: int):
         self.store = store
         self.size = size
-        self.pool = None
+        self.pool = self.native = None
         if store.device.type == "cpu":
-            import cv2
-            self._cv2 = cv2
-            self._release_cv2 = ONE_CV2_THREAD.hold()  # parallel over samples instead
             self._store_np = store.numpy()
-            self.pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="turbotrain-crop")
             self.threads = max(1, threads)
+            if kernel.NATIVE is not None:
+                self.native = kernel.NATIVE.Pool(self.threads)
+            else:
+                import cv2
+                self._cv2 = cv2
+                self._release_cv2 = ONE_CV2_THREAD.hold()  # parallel over samples instead
+                self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="turbotrain-crop")
 
     def __call__(self, indices: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """`boxes`: int64 (B, 5) rows of (top, left, height, width, flip) in stored pixels."""
+        if self.native is not None:
+            return self._native(indices.numpy(), boxes.numpy())
         if self.pool is not None:
             return self._cpu(indices.numpy(), boxes.numpy())
         return self._grid_sample(indices, boxes)
+
+    def _native(self, indices: np.ndarray, boxes: np.ndarray) -> torch.Tensor:
+        """The store's images as the kernel's raw samples: one call for the batch."""
+        s, side = self.size, self._store_np.shape[1]
+        per_image = side * side * 3
+        table = kernel.sample_table(
+            data=self._store_np.ctypes.data + indices.astype(np.int64) * per_image,
+            size=per_image, height=side, width=side, top=boxes[:, 0], left=boxes[:, 1],
+            box_h=boxes[:, 2], box_w=boxes[:, 3], mode=MODE_RAW, flip=boxes[:, 4])
+        out = torch.empty((len(indices), s, s, 3), dtype=torch.uint8)
+        failures = self.native.submit(table, s, False, out.numpy(), self._store_np).wait()
+        if failures:  # boxes come from augment, inside the store: never seen
+            position, reason = failures[0]
+            raise PipelineError(f"resident: crop {position} of a batch failed ({reason})")
+        return out
 
     def _grid_sample(self, indices: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         batch = self.store[indices].permute(0, 3, 1, 2).float()   # (B, 3, H, W) channels_last
@@ -101,7 +126,7 @@ class ResizedCrops:
         return out.permute(0, 2, 3, 1).contiguous()                # NHWC bytes
 
     def _cpu(self, indices: np.ndarray, boxes: np.ndarray) -> torch.Tensor:
-        from .cpu_decode import resize_into
+        from .python_decode import resize_into
         cv2, s = self._cv2, self.size
         out = torch.empty((len(indices), s, s, 3), dtype=torch.uint8)
         out_np = out.numpy()
@@ -117,6 +142,8 @@ class ResizedCrops:
         return out
 
     def close(self) -> None:
+        if self.native is not None:
+            self.native.close()
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self._release_cv2()

@@ -1,62 +1,46 @@
-"""Decode, crop, resize and flip samples on the CPU straight into a preallocated uint8 NHWC batch.
+"""Decode, crop, resize and flip a batch on the CPU straight into a preallocated uint8 NHWC batch.
 
-The CPU kernel behind the `pytorch` pipeline (and a building block for any CPU loader). Speed
-choices, measured on this project's 2-core AVX-512 machine with 500x375 q90 JPEGs (61 KB) going
-to 224x224:
+The CPU kernel behind the `pytorch` pipeline, `resident`'s first pass, `predict`, `eval` and
+`bench`. A batch is one call into compiled code (csrc/, loaded by kernel.py):
 
-* Codec: simplejpeg (libjpeg-turbo) decodes ~1,650 img/s per core, cv2.imdecode ~1,620 (and
-  gives BGR), PIL ~1,280; simplejpeg releases the GIL, so threads scale (2 threads: ~2,540/s).
-* Crop before resizing: only the crop box is resized. The resize is the cost that matters after
-  decode (~600 us): cv2 INTER_AREA costs ~420 us for a 300x340 -> 224 box (fractional ratios
-  have no fast path), INTER_LINEAR ~60 us. So we shrink with INTER_LINEAR while the box is less
-  than 2x the output (mild aliasing, the box is covered by the 2-tap filter at least every other
-  pixel) and with INTER_AREA only at >= 2x, where bilinear would skip pixels.
-* DCT-scaled decode: when the crop box is at least 2x the output on both sides, libjpeg-turbo
-  decodes at 1/2, 1/4 or 1/8 scale inside the IDCT (a 1/2 decode runs ~1,960/s vs 1,650/s full),
-  which also does the low-pass filtering for free. Only power-of-two factors are used
-  (``min_factor=2``): the M/8 factors in between decode *slower* than full size (7/8: ~1,020/s).
-* Allocate once: each thread owns a decode buffer sized for the largest image in the split;
-  samples are written into their slot of the batch (``cv2.resize(dst=...)``), flipped in place.
+    decoder = BatchDecoder(dataset, image_size=224, train=True, seed=0)
+    decoder.decode(indices, epoch, out)             # one native call, the GIL released
+    ahead = DecodeAhead(decoder, threads=2)         # batches decoded ahead on native threads
+    for indices, images in ahead.run(epoch, batches, allocate): ...  # allocate(indices) -> tensor
 
-Augmentation parameters come from `augment` (pure functions of seed, epoch and sample index),
-so the output does not depend on which thread decodes which sample.
+What Python does per batch, vectorised (~40 us for 64 samples): the crop boxes and flips
+(`augment`, pure functions of seed, epoch and index, so the output does not depend on which
+thread decodes which sample), and the payload addresses gathered from the allocation tables
+(`payload_addresses`, shard by shard), packed into one record table. What the kernel does per
+sample, without the GIL: check the JPEG header against the metadata, decode only the box's rows
+and iMCU columns at the DCT scale the box allows (libjpeg-turbo's jpeg_skip_scanlines /
+jpeg_crop_scanline), resize with the Python path's filter rule (linear below 2x, area at or above,
+in 14-bit fixed point: within a grey level of cv2's) and flip, into the batch's slot. A pool's
+threads never touch Python, so a Python-busy training thread beside them costs them nothing;
+only the consumer, which submits batches `depth` ahead, waits for the GIL.
+
+Without the kernel (not built, or TURBOTRAIN_NATIVE=0) the same calls run the Python path
+(python_decode.py) in a thread pool, and the pipelines' start-up line and `info` say so.
 """
 from __future__ import annotations
 
+import math
 import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from turbotrain.datasets.format import MODE_JPEG, MODE_RAW
-from turbotrain.held_setting import HeldSetting
+from turbotrain.datasets.format import MODE_JPEG
+from turbotrain.held_setting import ONE_CV2_THREAD
 
-from . import augment
+from . import augment, kernel
 from .base import PipelineError
+from .python_decode import DECODE_OPTIONS, PythonSamples
 
-# libjpeg-turbo DCT scaling factors we allow (see the module docstring): powers of two only.
-_DCT_FACTORS = (8, 4, 2)
-# The fast integer IDCT: what FFCV decodes with too (TJFLAG_FASTDCT in libffcv.cpp), so pixels
-# match FFCV's quality; 5-15 % faster decodes here (907 -> 760 us per 500x375 photo, one core).
-# `turbotrain bench`'s bare-decode limit uses the same options, so the ratio stays honest.
-DECODE_OPTIONS = {"fastdct": True}
-
-
-def _cv2_threads() -> int:
-    import cv2
-    return cv2.getNumThreads()
-
-
-def _set_cv2_threads(count: int) -> None:
-    import cv2
-    cv2.setNumThreads(count)
-
-
-# We parallelise across samples; cv2's own thread pool inside each resize only adds overhead.
-# OpenCV's thread count is process-wide, so it is one explicit step of whoever runs decodes in
-# threads of its own (the pytorch and resident pipelines while they live, predict while it
-# runs): they hold this, and the last to let go gives the process its own count back
-# (held_setting.py). Worker processes of ours set it for good in their setup.
-ONE_CV2_THREAD = HeldSetting(_cv2_threads, _set_cv2_threads, lambda: 1)
+__all__ = ["BatchDecoder", "DecodeAhead", "DECODE_OPTIONS", "ONE_CV2_THREAD",
+           "SampleDecodeError"]
 
 
 class SampleDecodeError(PipelineError):
@@ -66,19 +50,16 @@ class SampleDecodeError(PipelineError):
 class BatchDecoder:
     """Turns sample indices into a uint8 (B, S, S, 3) batch for one split and one augmentation.
 
-        decoder = BatchDecoder(dataset, image_size=224, train=True, seed=0)
-        decoder.decode(indices, epoch, out)    # out: writable uint8 array (>= B, S, S, 3)
-
-    Thread-safe: per-thread scratch buffers are created on first use by each thread. Whoever
-    calls `decode` from several threads holds ONE_CV2_THREAD meanwhile.
+    Thread-safe: each calling thread gets its own native decoder handle (or Python scratch
+    buffers) on first use.
     """
 
     def __init__(self, dataset, *, image_size: int, train: bool, seed: int,
                  crop_ratio: float = 0.875,
                  scale: tuple[float, float] = augment.RESIZED_CROP_SCALE,
                  ratio: tuple[float, float] = augment.RESIZED_CROP_RATIO):
-        # The split (or predict's StoredImages): payload(i) / raw_image(i) by global index; a
-        # sharded split finds the shard.
+        # The split (or predict's StoredImages): payload_addresses(indices) and, for the
+        # Python path, payload(i) / raw_image(i), by global index.
         self.dataset = dataset
         self.image_size = image_size
         self.seed = seed
@@ -89,8 +70,9 @@ class BatchDecoder:
         self._modes = np.array(dataset.modes, dtype=np.uint8)
         self._heights = np.asarray(dataset.heights, dtype=np.int64)
         self._widths = np.asarray(dataset.widths, dtype=np.int64)
-        largest = int((self._heights * self._widths).max()) if len(self._heights) else 1
-        self._decode_bytes = largest * 3
+        self.native = kernel.NATIVE is not None
+        self._python = PythonSamples(dataset, self._modes, self._heights, self._widths,
+                                     image_size, self.small)
         self._local = threading.local()
 
     def __getstate__(self) -> dict:
@@ -113,100 +95,158 @@ class BatchDecoder:
                                   scale=self.scale, ratio=self.ratio)
 
     def decode(self, indices: np.ndarray, epoch: int, out: np.ndarray) -> None:
-        """Writes sample ``indices[k]`` (augmented for `epoch`) into ``out[k]``."""
+        """Writes sample ``indices[k]`` (augmented for `epoch`) into ``out[k]``; raises
+        SampleDecodeError naming the first sample of the batch that does not decode."""
+        indices = np.asarray(indices, dtype=np.int64)
+        self.raise_failure(indices, self.decode_all(indices, epoch, out))
+
+    def decode_all(self, indices: np.ndarray, epoch: int,
+                   out: np.ndarray) -> list[tuple[int, str]]:
+        """`decode` that goes on past bad samples (predict): [(position, reason)] of those that
+        did not decode, whose slots hold no image."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if not self.native:
+            return self._decode_python(indices, epoch, out)
+        worker = getattr(self._local, "worker", None)
+        if worker is None:
+            worker = self._local.worker = kernel.NATIVE.Worker()
+        table, keep = self.sample_table(indices, epoch)
+        failures = worker.run(table, self.image_size, self.small, out)
+        del keep  # the memory the table points into lived until the call returned
+        return failures
+
+    def submit(self, pool, indices: np.ndarray, epoch: int, out: np.ndarray) -> "PendingBatch":
+        """Queues the batch on a native `kernel.NATIVE.Pool`; returns at once."""
+        indices = np.asarray(indices, dtype=np.int64)
+        table, keep = self.sample_table(indices, epoch)
+        return PendingBatch(self, indices, pool.submit(table, self.image_size, self.small, out,
+                                                       (keep, out)))
+
+    def sample_table(self, indices: np.ndarray, epoch: int) -> tuple[np.ndarray, object]:
+        """The kernel's record per sample (kernel.SAMPLE_DTYPE), vectorised over the batch, and
+        what keeps the memory it points into alive."""
         boxes = self.boxes(indices, epoch)
-        for k, i in enumerate(np.asarray(indices).tolist()):
-            self.decode_one(i, boxes.row(k), out[k])
+        addresses, sizes, keep = self.dataset.payload_addresses(indices)
+        table = kernel.sample_table(data=addresses, size=sizes, height=self._heights[indices],
+                                    width=self._widths[indices], top=boxes.top, left=boxes.left,
+                                    box_h=boxes.height, box_w=boxes.width,
+                                    mode=self._modes[indices], flip=boxes.flip)
+        return table, keep
 
-    def decode_one(self, i: int, box: tuple[int, int, int, int, bool], out: np.ndarray) -> None:
-        """Sample i cropped to `box` = (top, left, height, width, flip), resized into `out`."""
-        try:
-            if self.small:
-                self._small(i, box, out)
-            else:
-                self._cropped(i, box, out)
-        except (ValueError, OSError) as e:  # simplejpeg raises ValueError on corrupt data
-            what = "JPEG" if self._modes[i] == MODE_JPEG else "raw image"
-            raise SampleDecodeError(f"{self._where(i)} does not decode as a {what} "
-                                    f"({e})") from e
+    def raise_failure(self, indices: np.ndarray, failures: list[tuple[int, str]]) -> None:
+        """Raises the first of the kernel's [(position, reason)] of a batch, if any."""
+        if failures:
+            position, reason = failures[0]
+            raise self._error(int(indices[position]), reason)
 
-    def _where(self, i: int) -> str:
+    # -- Python path ----------------------------------------------------------------------------
+    def _decode_python(self, indices: np.ndarray, epoch: int,
+                       out: np.ndarray) -> list[tuple[int, str]]:
+        boxes = self.boxes(indices, epoch)
+        failures = []
+        for k, i in enumerate(indices.tolist()):
+            try:
+                self._python.decode_one(self._local, i, boxes.row(k), out[k])
+            except (ValueError, OSError) as e:  # simplejpeg raises ValueError on corrupt data
+                failures.append((k, str(e)))
+        return failures
+
+    def _error(self, i: int, reason: str) -> SampleDecodeError:
+        what = "JPEG" if self._modes[i] == MODE_JPEG else "raw image"
         where = getattr(self.dataset, "where", None)  # predict's StoredImages has no shards
-        return where(i) if where else f"{self.dataset.path}: sample {i}"
+        place = where(i) if where else f"{self.dataset.path}: sample {i}"
+        return SampleDecodeError(f"{place} does not decode as a {what} ({reason})")
 
-    # -- kernels --------------------------------------------------------------------------------
-    def _scratch(self):
-        local = self._local
-        if not hasattr(local, "decode_buffer"):
-            s, p = self.image_size, augment.SMALL_IMAGE_PADDING
-            local.decode_buffer = np.empty(self._decode_bytes, dtype=np.uint8)
-            local.resized = np.empty((s, s, 3), dtype=np.uint8)
-            local.padded = np.empty((s + 2 * p, s + 2 * p, 3), dtype=np.uint8)
-        return local
 
-    def _source(self, i: int, box_h: int, box_w: int) -> tuple[np.ndarray, float, float]:
-        """Sample i as HWC uint8, possibly DCT-downscaled so the box stays >= the output; and
-        the (y, x) scale from stored to returned pixels."""
-        height, width = int(self._heights[i]), int(self._widths[i])
-        if self._modes[i] == MODE_RAW:
-            return self.dataset.raw_image(i), 1.0, 1.0
-        import simplejpeg
-        payload = self.dataset.payload(i)
-        # The stored JPEG must be the size its metadata says (1.4 us, 0.2 % of a decode): the
-        # buffer is sized for the split's largest image, so a lying one would otherwise decode
-        # at a DCT scale that fits and be cropped as if it were the size the metadata gives.
-        declared = simplejpeg.decode_jpeg_header(payload)[:2]
-        if declared != (height, width):
-            raise ValueError(f"its JPEG header declares {declared[1]}x{declared[0]} pixels, the "
-                             f"metadata {width}x{height}")
-        s = self.image_size
-        factor = next((f for f in _DCT_FACTORS if box_h >= f * s and box_w >= f * s), 1)
-        image = simplejpeg.decode_jpeg(
-            payload, colorspace="rgb",
-            min_height=-(-height // factor), min_width=-(-width // factor),
-            min_factor=float(factor), buffer=self._scratch().decode_buffer, **DECODE_OPTIONS)
-        return image, image.shape[0] / height, image.shape[1] / width
+class PendingBatch:
+    """A batch queued on the native pool: `result()` waits (without the GIL) and raises the
+    batch's SampleDecodeError; `cancel()` drops what has not started and waits for the rest,
+    so the pool never writes into a buffer nobody holds."""
 
-    def _cropped(self, i: int, box, out: np.ndarray) -> None:
-        import cv2
-        top, left, box_h, box_w, flip = box
-        image, sy, sx = self._source(i, box_h, box_w)
-        y0, x0 = int(top * sy), int(left * sx)
-        y1 = min(max(y0 + 1, round((top + box_h) * sy)), image.shape[0])
-        x1 = min(max(x0 + 1, round((left + box_w) * sx)), image.shape[1])
-        crop = image[y0:y1, x0:x1]
-        resize_into(cv2, crop, out)
-        if flip:
-            cv2.flip(out, 1, dst=out)
+    def __init__(self, decoder: BatchDecoder, indices: np.ndarray, job):
+        self.decoder, self.indices, self.job = decoder, indices, job
 
-    def _small(self, i: int, box, out: np.ndarray) -> None:
-        """Small images: resize to S if needed, then reflect-pad and crop (box may be outside)."""
-        import cv2
-        top, left, box_h, box_w, flip = box
-        image, _, _ = self._source(i, 0, 0)
-        s = self.image_size
-        if image.shape[0] != s or image.shape[1] != s:
-            image = resize_into(cv2, image, self._scratch().resized)
-        if top == 0 and left == 0:
-            np.copyto(out, image)
+    def result(self) -> None:
+        self.decoder.raise_failure(self.indices, self.job.wait())
+
+    def cancel(self) -> None:
+        self.job.cancel()
+
+
+# Samples queued ahead per decode thread: with 2, a thread that finishes finds the next sample
+# waiting while the consumer (which waits up to the 5 ms GIL switch interval beside a
+# Python-busy thread) submits more.
+SAMPLES_AHEAD_PER_THREAD = 2
+# Batches the consumer keeps in flight at least: the one it waits for and two behind it.
+MIN_BATCHES_AHEAD = 3
+# The Python path's thread pool decodes one batch per task: 2 tasks per thread keep it busy
+# while the consumer takes one (the DataLoader's prefetch_factor default too).
+PYTHON_TASKS_PER_THREAD = 2
+
+
+class DecodeAhead:
+    """Decodes batches in order, a few ahead of the consumer, on `threads` threads: a native
+    pool (each batch spread over all threads) or, on the Python path, a thread pool running one
+    batch per task. `allocate(indices)` gives each batch's output tensor (pinned, shared, a
+    slice of a store, ...)."""
+
+    def __init__(self, decoder: BatchDecoder, threads: int):
+        self.decoder = decoder
+        self.threads = max(1, threads)
+        if decoder.native:
+            self.pool, self._release_cv2 = kernel.NATIVE.Pool(self.threads), None
         else:
-            p = augment.SMALL_IMAGE_PADDING
-            padded = self._scratch().padded
-            cv2.copyMakeBorder(image, p, p, p, p, cv2.BORDER_REFLECT_101, dst=padded)
-            np.copyto(out, padded[top + p:top + p + box_h, left + p:left + p + box_w])
-        if flip:
-            cv2.flip(out, 1, dst=out)
+            self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="turbotrain-decode")
+            self._release_cv2 = ONE_CV2_THREAD.hold()
+
+    def depth(self, batch_size: int) -> int:
+        if not self.decoder.native:
+            return self.threads * PYTHON_TASKS_PER_THREAD
+        per_batch = max(1, batch_size)
+        return max(MIN_BATCHES_AHEAD,
+                   math.ceil(SAMPLES_AHEAD_PER_THREAD * self.threads / per_batch) + 1)
+
+    def run(self, epoch: int, batches: Iterable[np.ndarray],
+            allocate: Callable[[np.ndarray], "torch.Tensor"]) -> Iterator[tuple[np.ndarray, object]]:
+        pending = iter(batches)
+        in_flight: deque = deque()
+
+        def submit_next() -> None:
+            indices = next(pending, None)
+            if indices is None:
+                return
+            images = allocate(indices)
+            if self.decoder.native:
+                task = self.decoder.submit(self.pool, indices, epoch, images.numpy())
+            else:
+                task = self.pool.submit(self.decoder.decode, indices, epoch, images.numpy())
+            in_flight.append((indices, images, task))
+
+        first = next(pending, None)
+        if first is None:
+            return
+        pending = _prepend(first, pending)
+        for _ in range(self.depth(len(first))):
+            submit_next()
+        try:
+            while in_flight:
+                indices, images, task = in_flight[0]
+                task.result()  # re-raises the batch's SampleDecodeError here
+                in_flight.popleft()
+                submit_next()
+                yield indices, images
+        finally:
+            for _, _, task in in_flight:  # the caller stopped early or a batch failed
+                task.cancel()
+
+    def close(self) -> None:
+        if self.decoder.native:
+            self.pool.close()
+        else:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self._release_cv2()
 
 
-def resize_into(cv2, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """Resizes src into the preallocated dst (see the module docstring for the filter choice)."""
-    out_h, out_w = dst.shape[:2]
-    if src.shape[0] == out_h and src.shape[1] == out_w:
-        np.copyto(dst, src)
-        return dst
-    shrink = min(src.shape[0] / out_h, src.shape[1] / out_w)
-    interpolation = cv2.INTER_AREA if shrink >= 2 else cv2.INTER_LINEAR
-    result = cv2.resize(src, (out_w, out_h), dst=dst, interpolation=interpolation)
-    if result is not dst and result.ctypes.data != dst.ctypes.data:
-        np.copyto(dst, result)  # cv2 reallocated (never seen; kept so a binding change is safe)
-    return dst
+def _prepend(first, rest: Iterator) -> Iterator:
+    yield first
+    yield from rest

@@ -21,15 +21,14 @@ the sample, in the caller's thread, never a hang.
 from __future__ import annotations
 
 import logging
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
 import numpy as np
 import torch
 
 from .base import PipelineError, PipelineOptions
-from .cpu_decode import ONE_CV2_THREAD, BatchDecoder
+from . import kernel
+from .cpu_decode import ONE_CV2_THREAD, BatchDecoder, DecodeAhead
 from .ordered import OrderedPipeline
 from .registry import register_pipeline
 from .transfer import to_device
@@ -59,35 +58,24 @@ def _host_batch(decoder: BatchDecoder, labels: np.ndarray, epoch: int, indices: 
 
 
 class _ThreadBatches:
-    """Batches decoded by a pool of threads, `prefetch` tasks in flight per thread."""
+    """Batches decoded ahead of the consumer by `cpu_decode.DecodeAhead` (native threads, or
+    the Python path's thread pool)."""
 
     def __init__(self, decoder: BatchDecoder, labels: np.ndarray, workers: int, pinned: bool):
-        self.decoder, self.labels, self.pinned = decoder, labels, pinned
+        self.labels, self.pinned, self.size = labels, pinned, decoder.image_size
         self.workers = max(1, workers)
-        self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="turbotrain-decode")
+        self.ahead = DecodeAhead(decoder, self.workers)
+
+    def _allocate(self, indices: np.ndarray) -> torch.Tensor:
+        s = self.size
+        return torch.empty((len(indices), s, s, 3), dtype=torch.uint8, pin_memory=self.pinned)
 
     def run(self, epoch: int, batches: list[np.ndarray]) -> Iterator:
-        pending = iter(batches)
-        in_flight: deque[Future] = deque()
-
-        def submit_next() -> None:
-            indices = next(pending, None)
-            if indices is not None:
-                in_flight.append(self.pool.submit(_host_batch, self.decoder, self.labels,
-                                                  epoch, indices, pinned=self.pinned))
-        for _ in range(self.workers * PREFETCH_PER_WORKER):
-            submit_next()
-        try:
-            while in_flight:
-                batch = in_flight.popleft().result()  # re-raises a decode error here
-                submit_next()
-                yield batch
-        finally:
-            for future in in_flight:  # the caller stopped early or a batch failed
-                future.cancel()
+        for indices, images in self.ahead.run(epoch, batches, self._allocate):
+            yield images, torch.from_numpy(self.labels[indices])
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.ahead.close()
 
 
 class _BatchTasks(torch.utils.data.Dataset):
@@ -205,9 +193,14 @@ class PyTorchPipeline(OrderedPipeline):
         labels = np.asarray(dataset.labels, dtype=np.int64)
         pinned = self.device.type == "cuda"
         self.source = MODES[mode](self.decoder, labels, self.workers, pinned)
-        # Its decode threads (or the caller, decoding) want one cv2 thread; given back in close.
-        self._release_cv2 = ONE_CV2_THREAD.hold()
-        log.info("pytorch pipeline: %s, %s, augmentation %s", mode, why, self.decoder.family)
+        # processes mode: one cv2 thread in this process before the DataLoader forks workers
+        # (held_setting.py: a fork beside a live cv2 pool hangs the worker's own setting), and
+        # for the Python path when this process decodes (no workers). threads mode: DecodeAhead
+        # holds it where the Python path runs. Given back in close.
+        self._release_cv2 = (ONE_CV2_THREAD.hold() if mode == "processes"
+                             else _nothing_to_release)
+        log.info("pytorch pipeline: %s, %s, augmentation %s, %s", mode, why, self.decoder.family,
+                 kernel.STATUS)
 
     def _produce(self, epoch: int, batches: list[np.ndarray]):
         return to_device(self.source.run(epoch, batches), self.device)
@@ -215,6 +208,10 @@ class PyTorchPipeline(OrderedPipeline):
     def close(self) -> None:
         self.source.close()
         self._release_cv2()
+
+
+def _nothing_to_release() -> None:
+    pass
 
 
 @register_pipeline("pytorch")

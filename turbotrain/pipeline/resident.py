@@ -25,7 +25,6 @@ and `auto` falls back to a streaming pipeline.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -34,7 +33,7 @@ from ..host import available_ram
 from . import augment
 from .base import PipelineOptions, PipelineUnavailable
 from .batched_crops import ResizedCrops, ShiftedCrops
-from .cpu_decode import ONE_CV2_THREAD, BatchDecoder
+from .cpu_decode import BatchDecoder, DecodeAhead
 from .ordered import OrderedPipeline
 from .registry import register_pipeline
 from .transfer import as_nchw
@@ -134,24 +133,30 @@ class ResidentPipeline(OrderedPipeline):
                             dtype=torch.uint8, device=self.device)
         p = layout.pad
         pinned = self.device.type == "cuda"
-        threads = max(1, self.workers)
+        # Straight into the store when it is host memory in the decoded layout (CPU photos): no
+        # staging copy. Otherwise a host batch, padded and mirrored here, then copied over.
+        in_place = self.device.type == "cpu" and not p and not layout.mirrored
         chunks = [np.arange(s, min(s + LOAD_CHUNK, n)) for s in range(0, n, LOAD_CHUNK)]
 
-        def decode(indices: np.ndarray) -> list[torch.Tensor]:
-            host = torch.empty((len(indices), layout.side, layout.side, 3), dtype=torch.uint8,
+        def allocate(indices: np.ndarray) -> torch.Tensor:
+            if in_place:
+                return store[int(indices[0]):int(indices[0]) + len(indices)]
+            return torch.empty((len(indices), layout.side, layout.side, 3), dtype=torch.uint8,
                                pin_memory=pinned)
-            decoder.decode(indices, 0, host.numpy())
-            if p:  # reflect = torch's 'reflect' = cv2's BORDER_REFLECT_101 (no repeated edge)
-                host = torch.from_numpy(np.pad(host.numpy(), ((0, 0), (p, p), (p, p), (0, 0)),
-                                               mode="reflect"))
-            return [host, host.flip(2)] if layout.mirrored else [host]
-
-        with ONE_CV2_THREAD, ThreadPoolExecutor(threads,
-                                                thread_name_prefix="turbotrain-load") as pool:
-            for indices, copies in zip(chunks, pool.map(decode, chunks)):
-                for copy, host in enumerate(copies):  # copy 1: the mirrors, at index + n
+        ahead = DecodeAhead(decoder, max(1, self.workers))
+        try:
+            for indices, host in ahead.run(0, chunks, allocate):
+                if in_place:
+                    continue
+                if p:  # reflect = torch's 'reflect' = cv2's BORDER_REFLECT_101 (no repeated edge)
+                    host = torch.from_numpy(np.pad(host.numpy(), ((0, 0), (p, p), (p, p), (0, 0)),
+                                                   mode="reflect"))
+                copies = [host, host.flip(2)] if layout.mirrored else [host]
+                for copy, image in enumerate(copies):  # copy 1: the mirrors, at index + n
                     start = copy * n + int(indices[0])
-                    store[start:start + len(indices)].copy_(host, non_blocking=pinned)
+                    store[start:start + len(indices)].copy_(image, non_blocking=pinned)
+        finally:
+            ahead.close()
         if pinned:
             torch.cuda.synchronize(self.device)
         return store

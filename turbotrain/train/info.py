@@ -84,9 +84,11 @@ def versions() -> dict:
             found["Pillow JPEG codec"] = f"libjpeg {features.version('jpg')} (not -turbo: slower)"
     except ImportError:
         pass
+    from turbotrain.pipeline import kernel
+    found["decode kernel"] = kernel.STATUS  # or why the Python path runs instead
     found["simplejpeg"] = _version("simplejpeg")
     if found["simplejpeg"]:
-        found["simplejpeg"] += " (bundles libjpeg-turbo; the pytorch pipeline's decoder)"
+        found["simplejpeg"] += " (bundles libjpeg-turbo; the Python decode path's decoder)"
     found["OpenCV"] = _version("opencv-python-headless", "opencv-python",
                                "opencv-contrib-python")
     return {k: v for k, v in found.items() if v is not None}

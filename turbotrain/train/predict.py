@@ -17,8 +17,8 @@ any split that does not mix <= 64 px images with larger ones). A JPEG that passe
 not strictly validated first (prepare-dataset does that, at ~0.4 ms an image): like the
 pipeline, predict decodes what the file holds, and refuses it only if that fails.
 
-Speed: as in the `pytorch` pipeline, threads read, decode and crop whole batches (simplejpeg and
-cv2 release the GIL) while the main thread runs the model, with the trainer's split of the
+Speed: as in the `pytorch` pipeline, threads read and encode the files, then decode and crop
+each batch in one call into the compiled kernel (cpu_decode) while the main thread runs the model, with the trainer's split of the
 cores between the two (device.plan_threads). bench/bench_predict.py measures it against the
 eval pipeline on the same files (goal: >= 0.9x).
 
@@ -158,6 +158,12 @@ class StoredImages:
         s = self.samples[i]
         return np.frombuffer(s.payload, dtype=np.uint8).reshape(s.height, s.width, 3)
 
+    def payload_addresses(self, indices) -> tuple[np.ndarray, np.ndarray, list]:
+        """Where the decode kernel reads each payload, and the arrays that keep them alive."""
+        views = [np.frombuffer(self.samples[int(i)].payload, dtype=np.uint8) for i in indices]
+        return (np.array([v.ctypes.data for v in views], dtype=np.int64),
+                np.array([v.size for v in views], dtype=np.int64), views)
+
 
 @dataclass
 class Batch:
@@ -173,7 +179,7 @@ def load_batch(inputs: Inputs, numbers: range, image_size: int) -> Batch:
     from turbotrain.datasets.images import ImageError, encode_sample
     from turbotrain.datasets.untrusted import UnsafeInput
     from turbotrain.pipeline.base import PipelineOptions
-    from turbotrain.pipeline.cpu_decode import BatchDecoder, SampleDecodeError
+    from turbotrain.pipeline.cpu_decode import BatchDecoder
     samples, where, errors = [], [], []
     for i in numbers:
         try:
@@ -196,15 +202,19 @@ def load_batch(inputs: Inputs, numbers: range, image_size: int) -> Batch:
             continue
         # A decoder per group: BatchDecoder chooses the small-image path or the centre crop
         # from its split's sizes, here the group's (see the module docstring).
+        # One native call per group (decode_all goes on past a bad image and names each).
         decoder = BatchDecoder(StoredImages([samples[j] for j in group]), image_size=image_size,
                                train=False, seed=0, crop_ratio=PipelineOptions.crop_ratio)
-        boxes = decoder.boxes(np.arange(len(group)), 0)
+        whole = len(group) == len(samples)  # the usual case: straight into the batch
+        slots = out if whole else np.empty((len(group), image_size, image_size, 3), np.uint8)
+        failed = dict(decoder.decode_all(np.arange(len(group)), 0, slots))
         for row, j in enumerate(group):
-            try:
-                decoder.decode_one(row, boxes.row(row), out[j])
-                ok[j] = True
-            except SampleDecodeError as exc:
-                errors.append((where[j], str(exc.__cause__ or exc)))
+            if row in failed:
+                errors.append((where[j], failed[row]))
+                continue
+            if not whole:
+                out[j] = slots[row]
+            ok[j] = True
     errors.sort()
     if ok.all():  # the usual case: no copy (a 64 x 224 px batch is 9.6 MB, ~30 us an image)
         return Batch(images, where, errors)
