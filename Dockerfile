@@ -5,7 +5,8 @@
 #   docker run --gpus all --ipc=host -v /data:/data turbotrain train --data /data/ds --pipeline dali
 #
 # Two stages on the same base image. "builder" adds compilers and -dev headers and builds three
-# wheels: FFCV and pillow-simd (C/C++ extensions, built from source) and turbotrain. The final
+# wheels: FFCV and pillow-simd (C/C++ extensions, built from source) and turbotrain (with its
+# compiled decode kernel, linked against libjpeg-turbo: setup.py). The final
 # stage installs those wheels plus the shared libraries they link, so g++, pkg-config and the
 # OpenCV/turbojpeg/image -dev headers stay out of it. The builder uses the runtime image, not the
 # -devel one: nothing here needs nvcc (FFCV and Pillow are CPU code; torch and DALI bring their
@@ -62,10 +63,15 @@ RUN python3 /tmp/build_pillow_simd.py --cache /wheels \
  && ls /wheels/pillow-*+avx2-*.whl
 
 # turbotrain: only what its wheel is built from (.dockerignore keeps the context small too).
+# setup.py builds the decode kernel (turbotrain/pipeline/csrc) against libjpeg-dev's headers;
+# it is an optional extension, so the check makes a wheel without it fail the build here.
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY turbotrain/ turbotrain/
-RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels . \
+ && python3 -c "import glob, sys, zipfile; \
+wheel = zipfile.ZipFile(glob.glob('/wheels/turbotrain-*.whl')[0]); \
+sys.exit(not any(n.startswith('turbotrain/pipeline/_native') for n in wheel.namelist()))"
 
 
 FROM ${BASE_IMAGE}
@@ -84,6 +90,7 @@ ENV PIP_BREAK_SYSTEM_PACKAGES=1 \
 # Only shared libraries (names as in Ubuntu 24.04, the base image's release):
 #   libopencv-core406t64 libopencv-imgproc406t64 libturbojpeg: what FFCV's extension links
 #   libjpeg-turbo8 libtiff6 libwebp7 libwebpmux3 libwebpdemux2: Pillow's JPEG, TIFF and WebP codecs
+#     (libjpeg-turbo8 is also what turbotrain's decode kernel links)
 #   libfreetype6 libxcb1: the other libraries Pillow's build finds and links (fonts, screen grab)
 #   libgl1 libglib2.0-0t64: opencv-python's cv2 loads libGL and GLib at import
 #   gcc libc6-dev python3-dev: torch.compile (on by default on CUDA) has Triton compile a small C
@@ -101,8 +108,9 @@ RUN apt-get update \
 # The three wheels by path, so pip cannot take FFCV's sdist or stock Pillow from PyPI instead;
 # DALI, numba and the rest of turbotrain's dependencies from PyPI. torch and torchvision come with
 # the base image and already satisfy pyproject's ranges, so pip leaves them alone. The check
-# fails the build if Pillow is not the AVX2 pillow-simd or lacks a codec, or if any compiled
-# module of Pillow or FFCV cannot load a library (a package missing from the list above).
+# fails the build if Pillow is not the AVX2 pillow-simd or lacks a codec, if any compiled
+# module of Pillow or FFCV cannot load a library (a package missing from the list above), or if
+# turbotrain's decode kernel does not load.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-cache-dir \
         "numpy==${NUMPY_VERSION}" "numba==${NUMBA_VERSION}" "nvidia-dali-cuda130==${DALI_VERSION}" \
@@ -112,6 +120,7 @@ from PIL import features; import obstore, onnxruntime, safetensors, timm; \
 assert PIL.__version__.endswith('+avx2'), PIL.__version__; \
 missing = [f for f in ('jpg', 'zlib', 'libtiff', 'webp') if not features.check(f)]; \
 assert not missing, f'Pillow lacks {missing}'; \
+from turbotrain.pipeline import kernel; assert kernel.NATIVE, kernel.STATUS; \
 [ctypes.CDLL(str(so)) for pkg in (PIL, ffcv) for so in pathlib.Path(pkg.__file__).parent.rglob('*.so')]"
 
 # Ubuntu 24.04 images come with a user "ubuntu" holding uid 1000: make room for ours.

@@ -4,15 +4,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+NATIVE_STAMP := $(VENV)/.native
+NATIVE_SOURCES := setup.py $(wildcard turbotrain/pipeline/csrc/*.c turbotrain/pipeline/csrc/*.h)
 # apt packages: FFCV's build needs pkg-config, OpenCV and libturbojpeg headers; opencv-python
 # needs libGL/glib at import; Fashion-MNIST from Debian is the real dataset our tests train on;
-# pillow-simd's build (scripts/build_pillow_simd.py) needs the jpeg, zlib, WebP and TIFF headers.
+# pillow-simd's build (scripts/build_pillow_simd.py) and our decode kernel (setup.py) need the
+# jpeg headers; pillow-simd also zlib, WebP and TIFF.
 APT_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev libgl1 libglib2.0-0 dataset-fashion-mnist \
 	libjpeg-dev zlib1g-dev libwebp-dev libtiff-dev
 
 .PHONY: install demo test bench gpu-check apt-deps clean
 
-install: $(STAMP)
+install: $(STAMP) $(NATIVE_STAMP)
 
 $(STAMP): pyproject.toml scripts/build_pillow_simd.py
 	@$(MAKE) --no-print-directory apt-deps
@@ -30,6 +33,14 @@ $(STAMP): pyproject.toml scripts/build_pillow_simd.py
 	$(PY) scripts/build_pillow_simd.py
 	touch $(STAMP)
 
+# The compiled decode kernel (turbotrain/pipeline/csrc): pip install -e built it in place; this
+# rebuilds it when its sources change. pip treats it as optional (a user without libjpeg's
+# headers still gets turbotrain, on the Python path), so here a missing kernel is an error.
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	$(PY) setup.py -q build_ext --inplace
+	$(PY) -c "from turbotrain.pipeline import kernel; assert kernel.NATIVE, kernel.STATUS; print(kernel.STATUS)"
+	touch $(NATIVE_STAMP)
+
 # Installs FFCV's build deps when we are root on a Debian/Ubuntu machine; otherwise says what to do.
 apt-deps:
 	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
@@ -45,8 +56,13 @@ apt-deps:
 demo: install
 	$(VENV)/bin/turbotrain demo
 
+# The suite, then the pipeline contract and error tests again on the Python decode path (what
+# runs where the kernel could not be built), forced by TURBOTRAIN_NATIVE=0.
+FALLBACK_TESTS := tests/pipeline/test_contract.py tests/pipeline/test_errors_and_choice.py
+
 test: install
 	$(PY) -m pytest -q
+	TURBOTRAIN_NATIVE=0 $(PY) -m pytest -q $(FALLBACK_TESTS)
 
 bench: install
 	$(PY) bench/run_all.py
@@ -59,4 +75,4 @@ gpu-check:
 	$(GPU_PY) bench/gpu_check.py --all $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE))
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache turbotrain/pipeline/_native*.so

@@ -221,6 +221,19 @@ def test_the_image_builds_pillow_simd_with_the_make_install_script():
     assert "/wheels/pillow-*+avx2-*.whl" in runs
 
 
+def test_the_image_builds_and_checks_the_decode_kernel():
+    """The kernel is an optional extension (pip installs turbotrain without it), so the image
+    must build it against libjpeg's headers and refuse a wheel or an install without it."""
+    instructions = parse_dockerfile(DOCKERFILE.read_text())
+    builder, final = stages(instructions)[0], stages(instructions)[-1]
+    copies = " ".join(i.args for i in builder if i.keyword == "COPY")
+    builder_runs = " ".join(i.args for i in builder if i.keyword == "RUN")
+    final_runs = " ".join(i.args for i in final if i.keyword == "RUN")
+    assert "setup.py" in copies and "libjpeg-dev" in builder_runs
+    assert "n.startswith('turbotrain/pipeline/_native')" in builder_runs
+    assert "libjpeg-turbo8" in final_runs and "assert kernel.NATIVE, kernel.STATUS" in final_runs
+
+
 # One side of a pin changed: pin_problems must see each of these.
 DOCKERFILE_BUMPS = [
     ("FFCV_VERSION=1.0.2", "FFCV_VERSION=1.0.3"),
@@ -392,10 +405,12 @@ def test_dockerignore_sends_what_the_dockerfile_copies_and_nothing_else():
     patterns = dockerignore_patterns(DOCKERIGNORE.read_text())
     for path in (".venv", ".venv/bin/python", ".git", ".git/HEAD", "bench/.cache", "runs",
                  "runs/a/checkpoint.pt", "demo-data", ".pytest_cache", "turbotrain.egg-info",
-                 "turbotrain/__pycache__/cli.cpython-312.pyc", "bench/results/engines.json"):
+                 "turbotrain/__pycache__/cli.cpython-312.pyc", "bench/results/engines.json",
+                 "turbotrain/pipeline/_native.cpython-311-x86_64-linux-gnu.so"):
         assert not sent_to_docker(path, patterns), f".dockerignore lets {path} through"
-    for path in ("pyproject.toml", "README.md", "turbotrain", "turbotrain/cli.py",
-                 "turbotrain/datasets/format.py"):
+    for path in ("pyproject.toml", "setup.py", "README.md", "turbotrain", "turbotrain/cli.py",
+                 "turbotrain/datasets/format.py", "turbotrain/pipeline/csrc/module.c",
+                 "turbotrain/pipeline/csrc/sample.h"):
         assert sent_to_docker(path, patterns), f".dockerignore drops {path}"
     # Every COPY from the context (not from a stage) must reach the engine, all its files.
     for instruction in parse_dockerfile(DOCKERFILE.read_text()):

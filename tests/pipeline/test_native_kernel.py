@@ -147,6 +147,44 @@ def test_sharded_splits_gather_their_payloads(tmp_path):
     assert np.array_equal(a, b)
 
 
+def test_full_and_region_decodes_give_the_same_batch(photos):
+    """Pool(region=False), bench_kernel's comparison, decodes whole images and then crops: the
+    same bytes as the region decode the pipelines use."""
+    decoder = BatchDecoder(photos, image_size=64, train=True, seed=8)
+    indices = np.arange(len(photos))
+    batches = []
+    for region in (True, False):
+        pool = kernel.NATIVE.Pool(2, region=region)
+        out = np.zeros((len(indices), 64, 64, 3), np.uint8)
+        decoder.submit(pool, indices, 1, out).result()
+        pool.close()
+        batches.append(out)
+    assert np.array_equal(*batches)
+
+
+def test_payload_views_locate_every_shard(tmp_path):
+    """DALI's feed gathers a batch's payloads in one step: the same bytes as payload(i)."""
+    from turbotrain.datasets.dataset import PreparedSplit
+    from turbotrain.datasets.shards import LocalShard
+    sizes = [PHOTO_SIZES[i % 3] for i in range(9)]
+    whole = open_dataset(write_split(tmp_path / "whole.beton", sizes))
+    parts = []
+    for k, chunk in enumerate((range(0, 4), range(4, 9))):
+        path = tmp_path / f"part{k}.beton"
+        with BetonWriter(path, len(chunk), page_size=fmt.MIN_PAGE_SIZE) as writer:
+            for i in chunk:
+                writer.append(int(whole.modes[i]), int(whole.heights[i]), int(whole.widths[i]),
+                              bytes(whole.payload(i)), i)
+        parts.append(LocalShard(path))
+    sharded = PreparedSplit(parts, "train", None, root=tmp_path)
+    indices = np.array([8, 0, 4, 3, 5])
+    for split in (whole, sharded):
+        views = split.payload_views(indices)
+        assert [bytes(v) for v in views] == [bytes(whole.payload(i)) for i in indices]
+    with pytest.raises(IndexError):
+        sharded.payload_views(np.array([9]))
+
+
 # -- errors -----------------------------------------------------------------------------------------
 def broken_split(tmp_path, damage: dict) -> str:
     """Photo split of 10 samples; damage[i](payload) replaces sample i's JPEG bytes."""

@@ -251,6 +251,22 @@ class PreparedSplit:
             keep.append(mapped)
         return addresses, sizes, keep
 
+    def payload_views(self, indices: np.ndarray) -> list[np.ndarray]:
+        """Vectorised `payload`: the stored bytes of samples `indices`, in order, as views of
+        their shards' maps."""
+        indices = np.asarray(indices, dtype=np.int64)
+        single = self._single
+        if single is not None or len(self.shards) == 1:
+            return (single or self.shard(0)).payload_views(indices)
+        shard = np.searchsorted(self.shard_bounds, indices, side="right") - 1
+        views: list = [None] * len(indices)
+        for k in np.unique(shard).tolist():
+            rows = np.flatnonzero(shard == k)
+            local = indices[rows] - self.shard_bounds[k]
+            for row, view in zip(rows.tolist(), self.shard(k).payload_views(local)):
+                views[row] = view
+        return views
+
     def raw_image(self, i: int) -> np.ndarray:
         """Sample i stored raw, as an HWC uint8 view (no copy)."""
         single = self._single

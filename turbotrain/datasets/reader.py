@@ -184,6 +184,13 @@ class BetonFile:
                              f"({self.num_samples} samples)")
         return self._map.ctypes.data + self.data_ptrs[indices], self.sizes[indices], self._map
 
+    def payload_views(self, indices: np.ndarray) -> list[np.ndarray]:
+        """Vectorised `payload`: the stored bytes of samples `indices` (0 <= i < len) as
+        read-only views of the map, located in one step (DALI's feed: ~0.2 us a sample)."""
+        addresses, sizes, mapped = self.payload_addresses(indices)
+        starts = (addresses - mapped.ctypes.data).tolist()
+        return [mapped[start:start + size] for start, size in zip(starts, sizes.tolist())]
+
     def raw_image(self, i: int) -> np.ndarray:
         """Sample i stored raw, as an HWC uint8 view (no copy)."""
         i = self._index(i)

@@ -33,7 +33,7 @@ import torch
 
 from turbotrain.datasets.format import MODE_JPEG, MODE_RAW
 
-from . import augment
+from . import augment, kernel
 from .base import PipelineError, PipelineOptions, PipelineUnavailable
 from .cpu_decode import SampleDecodeError
 from .dali_graph import (CROP_SHARED, PLACEHOLDER_RAW, PLACEHOLDER_SIDE, GraphSpec, build_graph,
@@ -134,37 +134,24 @@ class DaliPipeline(OrderedPipeline):
         Raises SampleDecodeError for a JPEG whose header declares another size than the
         metadata: nvJPEG (and DALI's CPU decoder) allocate and decode whatever size the header
         declares, up to 65,535 x 65,535, so the header is checked before DALI sees the bytes.
-        libjpeg-turbo's header parse costs ~1.3 us per sample (python -m timeit, 500x375 JPEG
-        in a memory map), against ~600 us to decode such a photo (cpu_decode.py): 0.2 %. DALI
-        calls this up to its prefetch depth ahead, so the error can come a batch or two before
-        the failing one would have been delivered (those delivered passed the same check)."""
-        from turbotrain.datasets.images import ImageError, stored_jpeg_size
-        spec, split = self.spec, self.dataset  # payload(i) by global index, any shard
-        modes = self._modes[indices]
-        is_jpeg = modes == MODE_JPEG
+        The batch's payloads are located in one vectorised step (`payload_views`) and their
+        headers checked in one call into the decode kernel (`check_headers`, without the GIL);
+        bench/bench_kernel.py measures the feed per image against the per-sample Python loop
+        it replaced. DALI calls this up to its prefetch depth ahead, so the error can come a
+        batch or two before the failing one would have been delivered (those delivered passed
+        the same check)."""
+        spec, split = self.spec, self.dataset  # payload_views by global index, any shard
+        is_jpeg = self._modes[indices] == MODE_JPEG
+        views = split.payload_views(indices)
         values: dict[str, object] = {}
         if spec.has_jpeg:
-            jpegs = []
-            for i, j in zip(indices.tolist(), is_jpeg.tolist()):
-                if not j:
-                    jpegs.append(self._placeholder_jpeg)
-                    continue
-                payload = np.asarray(split.payload(i))
-                expected = (int(self._heights[i]), int(self._widths[i]))
-                try:
-                    declared = stored_jpeg_size(payload)
-                except ImageError:
-                    declared = expected  # unreadable: DALI's decode fails on it, see _failure
-                if declared != expected:
-                    raise SampleDecodeError(
-                        f"{split.where(i)}: its JPEG header declares "
-                        f"{declared[1]}x{declared[0]} pixels, the metadata "
-                        f"{expected[1]}x{expected[0]}; refused before decoding")
-                jpegs.append(payload)
-            values["jpeg"] = jpegs
+            self._check_headers(indices, is_jpeg, views)
+            values["jpeg"] = [view if j else self._placeholder_jpeg
+                              for view, j in zip(views, is_jpeg.tolist())]
         if spec.has_raw:
-            values["raw"] = [PLACEHOLDER_RAW if j else np.asarray(split.raw_image(i))
-                             for i, j in zip(indices.tolist(), is_jpeg.tolist())]
+            shapes = zip(self._heights[indices].tolist(), self._widths[indices].tolist())
+            values["raw"] = [PLACEHOLDER_RAW if j else view.reshape(h, w, 3)
+                             for view, j, (h, w) in zip(views, is_jpeg.tolist(), shapes)]
         if spec.boxed or spec.flips:
             boxes = augment.crop_boxes(self.family, seed=self.options.seed, epoch=epoch,
                                        indices=indices, heights=self._heights[indices],
@@ -177,6 +164,36 @@ class DaliPipeline(OrderedPipeline):
             values["is_jpeg"] = is_jpeg.astype(np.uint8)
             values["is_raw"] = (~is_jpeg).astype(np.uint8)
         return tuple(values[name] for name in spec.inputs())
+
+    def _check_headers(self, indices: np.ndarray, is_jpeg: np.ndarray, views: list) -> None:
+        """SampleDecodeError for the first JPEG of the batch whose header lies about its size;
+        one that cannot be read at all is left to DALI's decode (see _failure)."""
+        if kernel.NATIVE is not None:
+            addresses, sizes, keep = self.dataset.payload_addresses(indices)
+            table = kernel.sample_table(data=addresses, size=sizes,
+                                        height=self._heights[indices],
+                                        width=self._widths[indices], top=0, left=0, box_h=0,
+                                        box_w=0, mode=self._modes[indices], flip=0)
+            bad = kernel.NATIVE.check_headers(table)
+            del keep
+            if bad is not None:
+                self._refuse(int(indices[bad[0]]), (bad[1], bad[2]))
+            return
+        from turbotrain.datasets.images import ImageError, stored_jpeg_size
+        for i, j, view in zip(indices.tolist(), is_jpeg.tolist(), views):
+            if not j:
+                continue
+            try:
+                declared = stored_jpeg_size(view)
+            except ImageError:
+                continue
+            if declared != (int(self._heights[i]), int(self._widths[i])):
+                self._refuse(i, declared)
+
+    def _refuse(self, i: int, declared: tuple[int, int]) -> None:
+        raise SampleDecodeError(
+            f"{self.dataset.where(i)}: its JPEG header declares {declared[1]}x{declared[0]} "
+            f"pixels, the metadata {self._widths[i]}x{self._heights[i]}; refused before decoding")
 
     def _box_inputs(self, values: dict, boxes: augment.CropBoxes, is_jpeg: np.ndarray) -> None:
         spec = self.spec

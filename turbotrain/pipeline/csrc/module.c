@@ -94,15 +94,15 @@ static int owned_here(PoolObject *self) {
 }
 
 static int Pool_init(PoolObject *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"threads", NULL};
-    int threads;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i", names, &threads)) return -1;
+    static char *names[] = {"threads", "region", NULL};
+    int threads, region = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|p", names, &threads, &region)) return -1;
     if (threads < 1 || threads > MAX_THREADS) {
         PyErr_Format(PyExc_ValueError, "threads must be in 1..%d, not %d", MAX_THREADS, threads);
         return -1;
     }
     if (self->open) return 0;
-    if (tt_pool_start(&self->pool, threads)) {
+    if (tt_pool_start(&self->pool, threads, !region)) {
         tt_pool_stop(&self->pool);
         PyErr_SetString(PyExc_OSError, "cannot start the decoding threads");
         return -1;
@@ -150,13 +150,13 @@ typedef struct {
 
 static PyTypeObject JobType;
 
+/* Once finished: the output and what kept the inputs alive go; the per-sample outcomes stay
+ * (wait() may be asked again) until the Job itself goes. */
 static void let_go(JobObject *self) {
     if (!self->holding) return;
     self->holding = 0;
     PyBuffer_Release(&self->out);
     Py_CLEAR(self->keep);
-    PyMem_RawFree(self->job.samples);
-    self->job.samples = NULL;
 }
 
 static void finish(JobObject *self) {
@@ -187,6 +187,8 @@ static void Job_dealloc(JobObject *self) {
     if (self->holding && self->pool->pool.owner == getpid())
         tt_pool_cancel(&self->pool->pool, &self->job);
     finish(self);
+    PyMem_RawFree(self->job.samples);  /* the block with the outcomes (job_arrays) */
+    self->job.samples = NULL;
     Py_CLEAR(self->pool);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -245,13 +247,15 @@ typedef struct {
 } WorkerObject;
 
 static int Worker_init(WorkerObject *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "", names)) return -1;
+    static char *names[] = {"region", NULL};
+    int region = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|p", names, &region)) return -1;
     if (self->ready) return 0;
     if (tt_worker_init(&self->worker)) {
         PyErr_SetString(PyExc_OSError, "cannot create a JPEG decoder");
         return -1;
     }
+    self->worker.full_decode = !region;
     self->ready = 1;
     return 0;
 }
@@ -284,8 +288,9 @@ static PyObject *Worker_run(WorkerObject *self, PyObject *args) {
     tt_run_job(&self->worker, &job);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    PyMem_RawFree(job.samples);
-    return outcome(&job);
+    PyObject *failures = outcome(&job);
+    PyMem_RawFree(job.samples);  /* the outcomes live in the same block */
+    return failures;
 }
 
 /* -- check_headers: DALI's feed ---------------------------------------------------------------- */
@@ -340,7 +345,8 @@ static PyTypeObject PoolType = {
     .tp_name = "turbotrain.pipeline._native.Pool",
     .tp_basicsize = sizeof(PoolObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Pool(threads): decoding threads that run whole batches without the GIL.",
+    .tp_doc = "Pool(threads, region=True): decoding threads that run whole batches without the "
+              "GIL. region=False decodes whole images and then crops (a benchmark comparison).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Pool_init,
     .tp_dealloc = (destructor)Pool_dealloc,
@@ -395,7 +401,7 @@ static PyTypeObject WorkerType = {
     .tp_name = "turbotrain.pipeline._native.Worker",
     .tp_basicsize = sizeof(WorkerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Worker(): a decoder handle for the calling thread.",
+    .tp_doc = "Worker(region=True): a decoder handle for the calling thread.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Worker_init,
     .tp_dealloc = (destructor)Worker_dealloc,

@@ -22,6 +22,7 @@ static void *serve(void *arg) {
     tt_pool *p = arg;
     tt_worker w;
     int usable = tt_worker_init(&w) == 0;
+    w.full_decode = p->full_decode;
     char message[TT_MESSAGE_LEN];
     pthread_mutex_lock(&p->lock);
     for (;;) {
@@ -50,8 +51,9 @@ static void *serve(void *arg) {
     return NULL;
 }
 
-int tt_pool_start(tt_pool *p, int threads) {
+int tt_pool_start(tt_pool *p, int threads, int full_decode) {
     memset(p, 0, sizeof(*p));
+    p->full_decode = full_decode;
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->work, NULL);
     pthread_cond_init(&p->done, NULL);

@@ -30,11 +30,12 @@ typedef struct {
     int stop;
     int threads;
     int started;
+    int full_decode;           /* tt_worker.full_decode for every thread */
     pthread_t *ids;
     pid_t owner;               /* a forked child must not touch its parent's threads */
 } tt_pool;
 
-int tt_pool_start(tt_pool *p, int threads);
+int tt_pool_start(tt_pool *p, int threads, int full_decode);
 /* Stops and joins the threads; cancels what is queued. Only in the process that started it. */
 void tt_pool_stop(tt_pool *p);
 

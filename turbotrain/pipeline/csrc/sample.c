@@ -68,6 +68,13 @@ static int cropped(tt_worker *w, const tt_sample *s, int image_size, uint8_t *ou
         if (!raw_fits(s)) return say(message, "fewer raw bytes than its size needs");
         region.stride = (size_t)s->width * 3;
         region.pixels = s->data + (size_t)y0 * region.stride + (size_t)x0 * 3;
+    } else if (w->full_decode) {
+        if (tt_jpeg_decode_region(&w->jpeg, s->data, (size_t)s->size, s->height, s->width,
+                                  factor, 0, height, 0, width, &region)) {
+            memcpy(message, w->jpeg.errors.message, TT_MESSAGE_LEN);
+            return -1;
+        }
+        region.pixels += (size_t)y0 * region.stride + (size_t)x0 * 3;
     } else if (tt_jpeg_decode_region(&w->jpeg, s->data, (size_t)s->size, s->height, s->width,
                                      factor, y0, y1, x0, x1, &region)) {
         memcpy(message, w->jpeg.errors.message, TT_MESSAGE_LEN);

@@ -29,6 +29,7 @@ typedef struct {
     /* Where this worker's time went (CLOCK_MONOTONIC, ~25 ns a reading against ~600 us a
      * sample): bench/bench_kernel.py reads them to split a sample into decode and resize. */
     int64_t decode_ns, resize_ns, samples;
+    int full_decode;      /* decode whole images, then crop: bench_kernel's comparison only */
 } tt_worker;
 
 int tt_worker_init(tt_worker *w);
