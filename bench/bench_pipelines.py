@@ -54,13 +54,17 @@ CONTENDERS = {
     "ffcv_cifar": ("cifar", "FFCV Loader: SimpleRGBImageDecoder + flip + RandomTranslate"),
     "pytorch_cifar": ("cifar", "turbotrain pytorch pipeline on the raw 32x32 split"),
 }
-GOALS = [  # (ours, theirs, minimum ratio or None: a comparison only)
-    ("pytorch", "ffcv", 1.2),
-    ("pytorch", "dali_cpu", 1.5),
-    ("pytorch", "bare_decode", 0.8),
-    ("pytorch", "torchvision", 2.0),
-    ("pytorch", "torchvision_simd", None),  # no goal: what pillow-simd does for torchvision
-    ("resident_cifar", "ffcv_cifar", 3.0),
+PER_SECOND, PER_CPU_SECOND = "images_per_second", "images_per_cpu_second"
+GOALS = [  # (ours, theirs, minimum ratio or None: a comparison only, of which metric)
+    ("pytorch", "ffcv", 2.0, PER_SECOND),
+    ("pytorch", "ffcv", 1.5, PER_CPU_SECOND),
+    ("pytorch", "dali_cpu", 1.5, PER_SECOND),
+    # bare_decode: simplejpeg's full decode of the same bytes on the same threads. The kernel
+    # decodes only the crop's rows and iMCU columns, so it can beat a full decode.
+    ("pytorch", "bare_decode", 1.0, PER_SECOND),
+    ("pytorch", "torchvision", 3.0, PER_SECOND),
+    ("pytorch", "torchvision_simd", None, PER_SECOND),  # no goal: what pillow-simd gives it
+    ("resident_cifar", "ffcv_cifar", 3.0, PER_SECOND),
 ]
 
 
@@ -167,7 +171,8 @@ def _ours(name: str, data: str, args) -> dict:
         pipeline.close()
 
 
-def _ffcv(name: str, data: str, args) -> dict:
+def ffcv_epochs(name: str, data: str, *, batch_size: int, image_size: int, workers: int):
+    """epochs(e) -> an iterator over FFCV's batches (bench_kernel.py uses it too)."""
     from ffcv.fields.decoders import (IntDecoder, RandomResizedCropRGBImageDecoder,
                                       SimpleRGBImageDecoder)
     from ffcv.loader import Loader, OrderOption
@@ -179,37 +184,44 @@ def _ffcv(name: str, data: str, args) -> dict:
                  RandomTranslate(padding=SMALL_IMAGE_PADDING),
                  ToTensor(), ToTorchImage()]
     else:
-        size = (args.image_size, args.image_size)
+        size = (image_size, image_size)
         image = [RandomResizedCropRGBImageDecoder(size), RandomHorizontalFlip(), ToTensor(),
                  ToTorchImage()]
     # No NormalizeImage: on CPU it hangs (FFCV issues #350/#396); our contract ships uint8 anyway.
-    loader = Loader(str(Path(data) / "train.beton"), batch_size=args.batch_size,
-                    num_workers=WORKERS, order=OrderOption.RANDOM, os_cache=True, drop_last=True,
+    loader = Loader(str(Path(data) / "train.beton"), batch_size=batch_size,
+                    num_workers=workers, order=OrderOption.RANDOM, os_cache=True, drop_last=True,
                     pipelines={"image": image, "label": [IntDecoder(), ToTensor()]})
-    return _timed(lambda epoch: iter(loader), args.warmup, args.batches)
+    return lambda epoch: iter(loader)
 
 
-def _dali(name: str, data: str, args) -> dict:
-    """DALI's CPU pipeline fed the stored JPEG bytes of the same file, in our sample order."""
+def _ffcv(name: str, data: str, args) -> dict:
+    return _timed(ffcv_epochs(name, data, batch_size=args.batch_size,
+                              image_size=args.image_size, workers=WORKERS),
+                  args.warmup, args.batches)
+
+
+def dali_epochs(data: str, *, batch_size: int, image_size: int, workers: int):
+    """epochs(e) -> DALI's CPU pipeline fed the stored JPEG bytes of the same file, in our
+    sample order (bench_kernel.py uses it too)."""
     import numpy as np
     from nvidia.dali import fn, pipeline_def, types
     from turbotrain.datasets import open_dataset
     from turbotrain.pipeline.order import SampleOrder
     dataset = open_dataset(data, "train")
-    order = SampleOrder(len(dataset), batch_size=args.batch_size, seed=0)
+    order = SampleOrder(len(dataset), batch_size=batch_size, seed=0)
     per_epoch = len(order)
 
     def source(iteration: int):  # batch mode: a list of 1-D uint8 arrays
         indices = order.batches(iteration // per_epoch)[iteration % per_epoch]
         return [np.asarray(dataset.beton.payload(i)) for i in indices]
 
-    @pipeline_def(batch_size=args.batch_size, num_threads=WORKERS, device_id=None)
+    @pipeline_def(batch_size=batch_size, num_threads=workers, device_id=None)
     def graph():
         jpegs = fn.external_source(source=source, batch=True, dtype=types.UINT8)
         images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
                                                random_area=[0.08, 1.0],
                                                random_aspect_ratio=[3 / 4, 4 / 3])
-        images = fn.resize(images, resize_x=args.image_size, resize_y=args.image_size)
+        images = fn.resize(images, resize_x=image_size, resize_y=image_size)
         return fn.flip(images, horizontal=fn.random.coin_flip())
     pipe = graph()
     pipe.build()
@@ -218,7 +230,12 @@ def _dali(name: str, data: str, args) -> dict:
         for _ in range(per_epoch):
             out, = pipe.run()
             yield (np.asarray(out.as_tensor()),)
-    return _timed(epochs, args.warmup, args.batches)
+    return epochs
+
+
+def _dali(name: str, data: str, args) -> dict:
+    return _timed(dali_epochs(data, batch_size=args.batch_size, image_size=args.image_size,
+                              workers=WORKERS), args.warmup, args.batches)
 
 
 def _torchvision(name: str, data: str, args) -> dict:
@@ -295,14 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     def best(name: str, metric: str) -> float | None:
         return common.best(runs[name], metric)
     goals = []
-    for ours, theirs, minimum in GOALS:
-        if ours in runs and theirs in runs and best(ours, "images_per_second") \
-                and best(theirs, "images_per_second"):
-            goal = {"ours": ours, "theirs": theirs, "goal": minimum}
-            for metric in ("images_per_second", "images_per_cpu_second"):
-                if best(ours, metric) and best(theirs, metric):
-                    goal[f"ratio_{metric}"] = best(ours, metric) / best(theirs, metric)
-            goal["met"] = goal["ratio_images_per_second"] >= minimum if minimum else None
+    for ours, theirs, minimum, metric in GOALS:
+        if ours in runs and theirs in runs and best(ours, metric) and best(theirs, metric):
+            goal = {"ours": ours, "theirs": theirs, "goal": minimum, "metric": metric}
+            for measured in (PER_SECOND, PER_CPU_SECOND):
+                if best(ours, measured) and best(theirs, measured):
+                    goal[f"ratio_{measured}"] = best(ours, measured) / best(theirs, measured)
+            goal["met"] = goal[f"ratio_{metric}"] >= minimum if minimum else None
             goals.append(goal)
     report = {
         "command": common.command_line(__file__, argv),
@@ -325,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
               if rate else f"{name:<18} {'-':>10}  {runs[name][-1].get('error')}")
     print(f"\n{'goal':<30} {'wall':>6} {'CPU':>6} {'needed':>7}")
     for g in goals:
-        print(f"{g['ours'] + ' / ' + g['theirs']:<30} {g['ratio_images_per_second']:>6.2f} "
+        label = g["ours"] + " / " + g["theirs"] + (" (CPU-s)" if g["metric"] == PER_CPU_SECOND
+                                                    else "")
+        print(f"{label:<30} {g['ratio_images_per_second']:>6.2f} "
               f"{g.get('ratio_images_per_cpu_second', float('nan')):>6.2f} "
               + (f"{g['goal']:>6.1f}x {'met' if g['met'] else 'NOT MET'}" if g["goal"]
                  else "      -  (comparison only)"))

@@ -138,14 +138,16 @@ def render_pipelines(data: dict, where: Where) -> Body:
     body.lines += md_table(["pipeline", "images/s", "images per CPU-second", "what"], rows)
     goal_rows = []
     for g in data.get("goals", []):
-        pair = f"`{g['ours']}` / `{g['theirs']}`"
+        metric = g.get("metric", "images_per_second")  # older results had no metric field
+        per_cpu = metric == "images_per_cpu_second"
+        pair = f"`{g['ours']}` / `{g['theirs']}`" + (" per CPU-second" if per_cpu else "")
         wanted = f">= {g['goal']}x" if g.get("goal") else "none (comparison)"
         goal_rows.append([pair, wanted, times(g.get("ratio_images_per_second")),
                           times(g.get("ratio_images_per_cpu_second")),
                           met_text(g.get("met")) if g.get("goal") else ""])
         if g.get("goal"):
             body.goals.append(Goal("pipelines", pair, wanted,
-                                   times(g.get("ratio_images_per_second")) or "-", g.get("met")))
+                                   times(g.get(f"ratio_{metric}")) or "-", g.get("met")))
     if goal_rows:
         body.lines += md_table(["ours / theirs", "goal", "ratio (images/s)",
                                 "ratio (per CPU-second)", ""], goal_rows)

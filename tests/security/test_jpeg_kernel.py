@@ -8,22 +8,22 @@ heap-use-after-free in module.c's outcome()); garbage text in an error, and inli
 decodes disagreeing on which samples failed, were its symptoms."""
 from __future__ import annotations
 
+import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
+
+from tests.native_build import build_extension
 
 from .confined import REPO, run_confined, run_json_script
 
 pytestmark = pytest.mark.timeout(300)
 
 FUZZ_SCRIPT = Path(__file__).with_name("fuzz_jpeg_kernel.py")
-SOURCES = sorted((REPO / "turbotrain" / "pipeline" / "csrc").glob("*.c"))
 KINDS = ["duplicate", "flip", "lie", "marker", "random", "run", "scans", "truncate"]
 # The child imports torch (turbotrain.pipeline), which cannot even map libtorch_cpu under
 # 2 GiB of address space: 4 GiB, and 1 GB of RSS (it peaks at ~0.7 GB), so a decode bomb or a
@@ -50,16 +50,8 @@ def test_fuzz_the_kernel_with_mutated_jpegs(tmp_path):
 
 def asan_build(folder: Path) -> Path:
     """The kernel's sources compiled with -fsanitize=address,undefined (any UB aborts)."""
-    suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    target = folder / f"_native{suffix}"
-    command = [shutil.which("cc") or "gcc", "-shared", "-fPIC", "-O1", "-g",
-               "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-               "-fno-sanitize-recover=undefined", "-pthread",
-               f"-I{sysconfig.get_paths()['include']}", *map(str, SOURCES), "-ljpeg",
-               "-o", str(target)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return target
+    return build_extension(folder, "-O1", "-g", "-fno-omit-frame-pointer",
+                           "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined")
 
 
 def test_fuzz_under_address_sanitizer(tmp_path):
@@ -80,5 +72,4 @@ def test_fuzz_under_address_sanitizer(tmp_path):
         ran.stderr[-4000:]
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.peak_rss < 3 * PEAK_RSS, f"peak RSS {ran.peak_rss >> 20} MB"
-    import json
     check(json.loads(ran.stdout))

@@ -18,9 +18,20 @@ typedef struct {
     int16_t *weight;
 } tt_axis;
 
+/* The horizontal pass's plan, the same for every row: per output position (flip applied), where
+ * its first tap is in an intermediate row, how many tap pairs it has and their packed weights. */
+typedef struct {
+    int32_t *offset;      /* in uint16 units: 3 * first input pixel */
+    int32_t *pairs;
+    uint32_t *weights;    /* max_pairs per position: (w_2k | w_2k+1 << 16) */
+    int max_pairs;
+    size_t len;           /* positions allocated */
+} tt_row_plan;
+
 /* Scratch one thread reuses from sample to sample (grown on demand, never shrunk). */
 typedef struct {
     tt_axis rows, cols;
+    tt_row_plan plan;
     uint16_t *mid;        /* the vertical pass's output: out_h rows of in_w * 3 */
     size_t mid_len;
     int32_t *acc;         /* one row of the vertical pass's sums */
