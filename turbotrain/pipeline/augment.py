@@ -67,6 +67,11 @@ class CropBoxes:
     def __len__(self) -> int:
         return len(self.top)
 
+    def slice(self, start: int, stop: int) -> "CropBoxes":
+        """Samples [start, stop) (views)."""
+        return CropBoxes(self.top[start:stop], self.left[start:stop],
+                         self.height[start:stop], self.width[start:stop], self.flip[start:stop])
+
     def row(self, k: int) -> tuple[int, int, int, int, bool]:
         """(top, left, height, width, flip) of sample k as Python scalars."""
         return (int(self.top[k]), int(self.left[k]), int(self.height[k]), int(self.width[k]),
