@@ -33,10 +33,15 @@ SYNTHETIC = "gpu-check-synthetic"  # bench/gpu_train.py registers it
 
 TRAIN_GOAL = 0.95  # default train on resident/dali vs the synthetic bound
 FEED_GOAL = 0.95  # a pipeline feeding the ResNet-50 step vs its synthetic bound
-SCALING_GOAL = 0.70  # pytorch on N cores vs N x its one-thread rate
+# pytorch on N cores vs N x its one-thread rate (issue 21: the compiled kernel's threads
+# never take the GIL, so 16 cores should reach 80 %; the Python path reached ~20 % there)
+SCALING_GOAL = 0.80
 NVJPEG_GOAL = 0.90  # torchvision-nvjpeg becomes a pipeline at this share of the bound
 LEARN_GOAL = 0.80  # small-data default run: val accuracy on the 10 shape classes
 WALL_GOAL_S = 480.0  # the whole check, in seconds
+# The ResNet-50 224 px runs: the two GPU pipelines, and the CPU kernel feeding the GPU
+# (issue 21: `train --pipeline pytorch` >= 95 % of the synthetic bound).
+LARGE_RUNS = ("resident", "dali", "pytorch")
 # Rough costs on one H200, for deciding whether a stage still fits (seconds): a cold
 # torch.compile of ResNet-50's training step is ~60-90 s, a warm one (Inductor's cache) ~15 s.
 COST = {"train": 45.0, "mode-train": 60.0, "reduce-overhead": 100.0,
@@ -107,12 +112,13 @@ def train_run(report, folder: Path, data: str, label: str, flags: list[str], *,
 
 
 def train_defaults(report, folder: Path, data: str, engines: dict, steps: int,
-                   flags: tuple[str, ...] = (), prefix: str = "default") -> list[dict]:
-    """Runs at train's defaults (plus `flags`) on resident and dali, and the synthetic bound
+                   flags: tuple[str, ...] = (), prefix: str = "default",
+                   pipelines: tuple[str, ...] = ("resident", "dali")) -> list[dict]:
+    """Runs at train's defaults (plus `flags`) on each of `pipelines`, and the synthetic bound
     of each distinct (model, size, batch, precision) they resolved to."""
     common = ["--max-steps", str(steps), *flags]
     rows = []
-    for pipeline in ("resident", "dali"):
+    for pipeline in pipelines:
         if pipeline == "dali" and not engines.get("dali"):
             rows.append({"run": f"{prefix}-dali", "error": "DALI is missing"})
             continue
@@ -241,9 +247,10 @@ def goals(result: dict, table_rows: list[dict]) -> list[dict]:
     else:
         goal("the CUDA tests pass (pytest -m cuda)", "not run", None)
     runs = {r["run"]: r for r in result.get("train_runs", []) + result.get("large_runs", [])}
-    for prefix, what in (("default", "train defaults"),
-                         ("large", "train defaults for >= 100,000 images (resnet50, 224 px)")):
-        for pipeline in ("resident", "dali"):
+    for prefix, what, pipelines in (
+            ("default", "train defaults", ("resident", "dali")),
+            ("large", "train defaults for >= 100,000 images (resnet50, 224 px)", LARGE_RUNS)):
+        for pipeline in pipelines:
             r = runs.get(f"{prefix}-{pipeline}")
             share = (r or {}).get("of_bound")
             measured = (r or {}).get("error") or "not run"
@@ -255,7 +262,7 @@ def goals(result: dict, table_rows: list[dict]) -> list[dict]:
             goal(f"{what} on {pipeline} >= {TRAIN_GOAL:.0%} of the synthetic bound",
                  measured, None if share is None else share >= TRAIN_GOAL)
     defaults = [r for name, r in runs.items() if name.split("-")[0] in ("default", "large")
-                and name.split("-")[1] in ("resident", "dali") and r.get("verdict")]
+                and name.split("-")[1] in LARGE_RUNS and r.get("verdict")]
     goal("the doctor does not call a default run host-bound",
          ", ".join(f"{r['run']}: {r['verdict']}" for r in defaults) or "not run",
          None if not defaults else all(r["verdict"] != "host-bound" for r in defaults))

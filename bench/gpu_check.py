@@ -309,7 +309,8 @@ def run_all(folder: Path, dataset, settings: Settings, report: Report, args) -> 
     if cuda:  # what --model auto picks from 100,000 images on
         report.extra["large_runs"] = gpu_all.train_defaults(
             report, folder, data, report.engines, steps,
-            flags=("--model", "resnet50", "--image-size", "224"), prefix="large")
+            flags=("--model", "resnet50", "--image-size", "224"), prefix="large",
+            pipelines=gpu_all.LARGE_RUNS)
 
     def step_bound(mode: str, fused: bool) -> float:
         return synthetic_bound(settings, make_step(settings, mode=mode, fused=fused))

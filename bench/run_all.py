@@ -53,6 +53,7 @@ class Benchmark:
 SUITE = [
     Benchmark("prepare", "bench_prepare.py"),
     Benchmark("pipelines", "bench_pipelines.py"),
+    Benchmark("kernel", "bench_kernel.py"),
     Benchmark("engines", "bench_engines.py"),
     Benchmark("pillow", "bench_pillow.py"),
     Benchmark("train_precision", "bench_train_precision.py"),

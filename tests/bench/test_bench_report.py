@@ -53,8 +53,27 @@ def fake_results(folder: Path) -> None:
                    "met": True},
                   {"ours": "resident_cifar", "theirs": "ffcv_cifar", "goal": 6.0,
                    "ratio_images_per_second": 5.24, "met": False},
+                  {"ours": "pytorch", "theirs": "ffcv", "goal": 1.5,
+                   "metric": "images_per_cpu_second", "ratio_images_per_second": 1.75,
+                   "ratio_images_per_cpu_second": 1.67, "met": True},
                   {"ours": "pytorch", "theirs": "torchvision_simd", "goal": None,
                    "ratio_images_per_second": 1.81, "met": None}]})
+    write("kernel", {
+        "command": "python bench/bench_kernel.py", "images": 3000, "size": "500x375 q90",
+        "batch_size": 64, "image_size": 224,
+        "busy": {"pytorch": {"alone": 1500.0, "busy": 1470.0, "kept": 0.98},
+                 "pytorch_python": {"alone": 1480.0, "busy": 64.0, "kept": 0.043},
+                 "ffcv": {"error": "exit 1: no FFCV"}},
+        "modes": {"pytorch": {"alone": 2900.0, "busy": 2700.0, "kept": 0.931}},
+        "stages": {"region": {"decode_us": 512.3, "resize_us": 88.0,
+                              "python_per_batch_us": 640.0},
+                   "full": {"decode_us": 655.0, "resize_us": 87.0, "python_per_batch_us": 600.0},
+                   "python_path_us": 812.0},
+        "feed": {"before_us": 4.2, "after_us": 1.1},
+        "use": {"native": {"predict_images_per_second": 900.0, "resident_load_s": 1.5},
+                "python": {"predict_images_per_second": 700.0, "resident_load_s": 2.5}},
+        "goals": [{"what": "beside a Python-busy thread, 1 decode thread: busy / alone, "
+                           "pytorch", "ratio": 0.98, "goal": 0.9, "met": True}]})
     write("engines", {"command": "python bench/bench_engines.py --rounds 3", "workers": 2,
                       "rounds": 3, "photos": {"images": 300, "size": "500x375 q90",
                                               "batch_size": 64, "image_size": 224},
@@ -178,7 +197,18 @@ def render(tmp_path: Path) -> str:
 def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     fake_results(tmp_path / "results")
     text = render(tmp_path)
+    # kernel: both thread counts, the stages, the feed, predict and resident, its goal
+    assert "| `pytorch_python` | 1,480 | 64 | 4% |" in text
+    assert "| `ffcv` | - | - | failed: exit 1: no FFCV |" in text
+    assert "| region decode (the pipelines') | 10.0 | 512 | 88 |" in text
+    assert "4.2 µs per image as a per-sample Python loop, 1.1 µs vectorised" in text
+    assert "| Python decode path (before) | 700 | 2.50 s |" in text
+    assert ("| kernel | beside a Python-busy thread, 1 decode thread: busy / alone, pytorch | "
+            ">= 0.9x | 0.98x | met |") in text
+    assert ("| pipelines | `pytorch` / `ffcv` per CPU-second | >= 1.5x | 1.67x | met |"
+            in text)
     for heading in ("## Machine", "## Goals", "## Dataset conversion", "## Input pipelines",
+                    "## The compiled decode kernel",
                     "## Our pipeline engines", "## PIL decode + resize", "## Training step",
                     "## Time to 90 %",
                     "## Several processes (DDP)", "## Using a model", "## Sample order",

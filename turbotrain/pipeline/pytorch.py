@@ -1,18 +1,17 @@
-"""`pytorch`: the CPU input pipeline that needs nothing beyond torch, numpy, simplejpeg and cv2.
+"""`pytorch`: the CPU input pipeline that needs nothing beyond torch, numpy and our decode kernel.
 
-One task decodes one whole batch (never one sample: per-sample tasks cost a Python round trip
-and a collate copy each) into a freshly allocated uint8 NHWC batch, with the `cpu_decode`
-kernel. Two ways to run the tasks, side by side in `turbotrain bench`:
+A batch is one task: decoded, cropped, resized and flipped into a freshly allocated uint8 NHWC
+batch by `cpu_decode` (one call into the compiled kernel, csrc/; the Python decode path where
+the kernel is not built). Two ways to run the tasks, side by side in `turbotrain bench`:
 
-* ``threads`` (default): a thread pool in this process. simplejpeg and cv2 release the GIL for
-  the ~650 us each sample costs, the Python glue holds it for ~10 us, so threads scale like
-  processes without sending 9.6 MB batches (64 x 224 x 224 x 3) through shared memory.
-  bench/bench_pipelines.py, 2 cores, 500x375 photos -> 224: threads 3,030 img/s (1,540 per
-  CPU-second), processes 2,480 (1,290), bare decode of the same bytes 3,500 (1,770).
+* ``threads`` (default): `cpu_decode.DecodeAhead` keeps a few batches queued on the kernel's
+  own thread pool, whose threads never take the GIL: a training loop's Python-busy main thread
+  beside them costs them nothing (bench/bench_kernel.py measures both modes beside such a
+  thread), and nothing crosses a process boundary (a 64 x 224 px batch is 9.6 MB).
 * ``processes``: a ``torch.utils.data.DataLoader`` over a batch sampler with ``num_workers``
   worker processes, ``persistent_workers``, ``prefetch_factor`` and ``pin_memory`` on CUDA;
-  workers write into shared memory directly (no copy on the way back). Use it when Python work
-  in the consumer thread would otherwise starve the decode threads of the GIL.
+  workers write into shared memory directly (no copy on the way back), each making one kernel
+  call per batch. What the Python decode path needs beside a busy main thread.
 
 Both hand host batches to `transfer.to_device` (pinned, non-blocking copy on a side stream on
 CUDA). A sample that fails to decode raises one `SampleDecodeError` line naming the file and
