@@ -34,19 +34,30 @@ def test_shifted_crops_refuse_a_flip_without_mirrors():
         crops(torch.tensor([1]), torch.tensor([1]), torch.tensor([2]), torch.tensor([True]))
 
 
-def test_grid_sample_path_matches_the_cv2_path():
+def test_grid_sample_path_matches_the_cv2_path(monkeypatch):
+    """The CPU store's crops: the compiled kernel's raw-sample path (the default), cv2 (the
+    Python decode path) and grid_sample (CUDA's) agree."""
+    from turbotrain.pipeline import kernel
     y, x = np.mgrid[0:64, 0:64].astype(np.float32)
     smooth = np.stack([x * 4, y * 4, (x + y) * 2], axis=-1).clip(0, 255).astype(np.uint8)
     store = torch.from_numpy(np.stack([smooth, smooth[::-1].copy()]))
+    indices = torch.tensor([0, 1, 0])
+    # (top, left, height, width, flip): shrink, enlarge with flip, whole image
+    boxes = torch.tensor([[5, 7, 40, 36, 0], [10, 2, 16, 20, 1], [0, 0, 64, 64, 0]])
     crops = ResizedCrops(store, 24, threads=1)
     try:
-        indices = torch.tensor([0, 1, 0])
-        # (top, left, height, width, flip): shrink, enlarge with flip, whole image
-        boxes = torch.tensor([[5, 7, 40, 36, 0], [10, 2, 16, 20, 1], [0, 0, 64, 64, 0]])
-        reference = crops._cpu(indices.numpy(), boxes.numpy()).float()
+        assert crops.native is not None
+        native = crops(indices, boxes).float()
         sampled = crops._grid_sample(indices, boxes).float()
     finally:
         crops.close()
+    monkeypatch.setattr(kernel, "NATIVE", None)
+    crops = ResizedCrops(store, 24, threads=1)
+    try:
+        reference = crops(indices, boxes).float()  # cv2
+    finally:
+        crops.close()
+    assert (native - reference).abs().max() <= 1  # the kernel's resize: within a grey level
     assert sampled.shape == reference.shape == (3, 24, 24, 3)
     # cv2's fixed-point bilinear and grid_sample agree to a grey level or two on smooth images
     # (only at the whole-image 64 -> 24 shrink does cv2 switch to INTER_AREA).
