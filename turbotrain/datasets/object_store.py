@@ -165,7 +165,7 @@ class Store:
                     raise DatasetError(f"{self.shown(name)}: download failed {ATTEMPTS} times "
                                        f"in a row at byte {done} of {nbytes} ({_short(e)}); "
                                        f"check the network and retry") from None
-                _pause(BACKOFF_S * 2 ** failures, deadline, self.shown(name), done)
+                _pause(BACKOFF_S * 2 ** failures, deadline, self.shown(name), done, e)
 
     async def _receive(self, name: str, options: dict, deadline: Deadline, offset: int,
                        most: int, sink: Callable[[bytes], None]) -> None:
@@ -226,13 +226,14 @@ class Store:
                 if failures == ATTEMPTS - 1:
                     raise DatasetError(f"{e} (failed {ATTEMPTS} times); check the network "
                                        f"and retry") from None
-                _pause(BACKOFF_S * 2 ** failures, deadline, self.shown(name), 0)
+                _pause(BACKOFF_S * 2 ** failures, deadline, self.shown(name), 0, e)
 
 
-def _pause(pause: float, deadline: Deadline, shown: str, received: int) -> None:
+def _pause(pause: float, deadline: Deadline, shown: str, received: int,
+           error: BaseException) -> None:
     """Sleeps `pause` seconds before the next try, unless that would end past the deadline."""
     if pause >= deadline.left():
-        raise deadline.missed(shown, received)
+        raise deadline.missed(shown, received, f"the last try: {_short(error)}") from None
     time.sleep(pause)
 
 
@@ -321,6 +322,15 @@ def _as_dataset_error(e: Exception, url: str) -> DatasetError:
                             f"(AWS_ACCESS_KEY_ID / AWS_PROFILE / ~/.aws for S3, "
                             f"GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*) and that they "
                             f"may read this bucket")
+    if kind == "NotSupportedError":
+        return DatasetError(f"{shown}: the server does not answer range requests "
+                            f"({_short(e)}); serve the dataset from an object store or an "
+                            f"HTTP server that does")
+    if "missing from response" in text:  # obstore's HTTP store: no Content-Length, ...
+        return DatasetError(f"{shown}: the server's answer is malformed ({_short(e)})")
+    if "UnexpectedRange" in text or re.search(r"Requested \d+\.\.\d+, got", text):
+        return DatasetError(f"{shown}: the server sent other bytes than the range asked for "
+                            f"({_short(e)}); the object changed, or the server is broken")
     return _Transient(f"{shown}: {_short(e)}")
 
 

@@ -79,13 +79,13 @@ class Deadline:
         """Seconds until the whole read is due."""
         return self.due(self.nbytes) - time.monotonic()
 
-    def missed(self, shown_url: str, received: int) -> TooSlow:
+    def missed(self, shown_url: str, received: int, why: str = "") -> TooSlow:
         elapsed = time.monotonic() - self.start
-        rate = self.limits.min_rate
+        rate, why = self.limits.min_rate, f" ({why})" if why else ""
         return TooSlow(
             f"{shown_url}: gave up after {elapsed:.0f} s with {received:,} of {self.nbytes:,} "
-            f"bytes (a read must average {_rate(rate)} after its first "
-            f"{self.limits.timeout_s:g} s); check the network, or set ${MIN_RATE_ENV} (now "
+            f"bytes{why}; a read must average {_rate(rate)} after its first "
+            f"{self.limits.timeout_s:g} s: check the network, or set ${MIN_RATE_ENV} (now "
             f"{_rate(rate)}) or ${TIMEOUT_ENV} (now {self.limits.timeout_s:g} s)")
 
 
