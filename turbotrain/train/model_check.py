@@ -17,6 +17,7 @@ torch._dynamo (+2.5 s for compact28 on the busy 2-core box; torchvision imports 
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
@@ -49,7 +50,10 @@ def net_on_meta(name: str, build: Callable[[int], nn.Module], num_classes: int,
     """build(num_classes) on the meta device; whatever its constructor raises is one
     TrainError line starting with `where`."""
     try:
-        with torch.device("meta"), _SkipInitOnMeta():
+        # Quiet: a constructor's warnings about odd arguments ("Initializing zero-element
+        # tensors is a no-op") would make a refusal more than one line.
+        with torch.device("meta"), _SkipInitOnMeta(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             return build(num_classes)
     except Exception as exc:  # noqa: BLE001 - a constructor may raise anything on bad arguments
         text = str(exc).strip()
