@@ -4,8 +4,9 @@ tests/security/test_planted_links.py.
     python tests/security/planting_child.py CASE WORKDIR DATASET
 
 Sets up CASE's folder in WORKDIR, then plants symlinks to victim files outside that folder
-under every name the writer creates or could have guessed: its final names, and the
-temporary names writers used to derive from the process id (`.eval.json.tmp-<pid>`: this
+under the names the writer creates or could have guessed: its final names (where it replaces
+a file: train's, merge's, the cache's), and the temporary names writers used to derive from
+the process id (`.eval.json.tmp-<pid>`: this
 process's pid, so the guess is right). Runs the writer in this process and prints one JSON
 object: {"exit": code or null, "victims_changed": [...], "not_regular": [...]} where
 not_regular lists final names that are still links (or missing) afterwards.
@@ -98,10 +99,12 @@ def cli_case(case: str, work: Path, dataset: Path) -> tuple[int | None, list[Pat
         args = ["predict", "--run", str(run), str(work / "0.png"), str(work / "1.png"),
                 "--out", str(folder / "p.csv"), "--device", "cpu"]
     else:
-        finals, folder = ["model.safetensors"], run
-        args = ["export", "--run", str(run), "--format", "safetensors"]
-    plant(folder, finals + [t for name in finals for t in temporary(name)], work / "victims")
-    return main([*args, "--overwrite"]), [folder / name for name in finals]
+        finals, folder = ["model.torchscript.pt"], run  # torch.jit.save writes by name
+        args = ["export", "--run", str(run), "--format", "torchscript"]
+    # The temporary names only: a link at a final name is an existing file, which these
+    # commands refuse to replace without --overwrite (test_outputs.py).
+    plant(folder, [t for name in finals for t in temporary(name)], work / "victims")
+    return main(args), [folder / name for name in finals]
 
 
 def merge_case(work: Path) -> tuple[int | None, list[Path]]:
@@ -160,7 +163,7 @@ def main() -> int:
         else:
             code, finals = cache_case(work)
     victims = sorted((work / "victims").rglob("*"))
-    changed = [str(v) for v in victims if v.is_file() and v.read_text() != VICTIM_TEXT]
+    changed = [str(v) for v in victims if v.is_file() and v.read_bytes() != VICTIM_TEXT.encode()]
     not_regular = [str(p) for p in finals if p.is_symlink() or not p.is_file()]
     json.dump({"exit": code, "victims_changed": changed, "not_regular": not_regular},
               sys.stdout)
