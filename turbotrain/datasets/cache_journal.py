@@ -11,7 +11,10 @@ be something that was there before). Anything else is left alone.
 It is changed only under the cache's `cache.lock` (read, change, `safe_create.replacing`), and
 read without it: a rename is atomic, so a reader sees the old or the new journal, never half.
 A journal that is missing, damaged or not ours reads as empty: the files it listed are then
-left alone too (delete the folder to reclaim them).
+left alone too (delete the folder to reclaim them). What this does not catch: someone who may
+write into the folder changing one of our files in place (same inode and size); a shard was
+checked against its SHA-256 when it was downloaded, and is not hashed again on every use
+(docs/SECURITY.md).
 """
 from __future__ import annotations
 
