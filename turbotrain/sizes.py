@@ -17,6 +17,9 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 1
           "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
 
 
+MAX_BYTES = 2**62
+
+
 class SizeError(ValueError):
     """A size that cannot be read, or is not above 0; one line naming the flag it came from."""
 
@@ -29,7 +32,8 @@ def parse_size(text: str | int, flag: str) -> int:
         match = _SIZE.fullmatch(str(text))
         value = float(match[1]) if match else 0
         unit = match[2].lower().removesuffix("b") if match else ""
-    if unit not in _UNITS or value <= 0:
+    # float("9" * 400) is inf, and int(inf) an OverflowError: no size is above 2**62 (4 EiB).
+    if unit not in _UNITS or not 0 < value * _UNITS.get(unit, 1) <= MAX_BYTES:
         raise SizeError(f"{flag} {printable(repr(str(text)[:40]))}: expected a size above 0 such "
                         f"as 1GB, 512MB, 64MiB or a number of bytes")
     return int(value * _UNITS[unit])

@@ -226,7 +226,8 @@ def test_interrupted_conversion_leaves_no_dataset(tmp_path, sig):
                              "--max-side", "200", "--workers", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
-    while not list(tmp_path.glob(".ds.partial-*/train.beton")) and time.time() < deadline:
+    # The split being written: a temporary file, renamed to train.beton once complete.
+    while not list(tmp_path.glob(".ds.partial-*/.train.beton.*.tmp")) and time.time() < deadline:
         time.sleep(0.05)
     time.sleep(0.3)
     proc.send_signal(sig)

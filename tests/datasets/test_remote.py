@@ -104,10 +104,14 @@ def test_cache_limit_respected_while_reading_everything(dataset, tmp_path):
 
 
 def _fake_download(payload: bytes):
-    def write(part: Path) -> None:
-        with open(part, "r+b") as f:
-            f.write(payload)
+    def write(f) -> None:
+        f.write(payload)
     return write
+
+
+def _keys(folder: Path) -> list[str]:
+    """The keys of the shard files in a cache folder (`<key>.<random>.beton`)."""
+    return sorted(p.name.split(".")[0] for p in folder.glob("*.beton"))
 
 
 def test_lru_eviction_order(tmp_path):
@@ -116,11 +120,11 @@ def test_lru_eviction_order(tmp_path):
         cache.acquire(key, 1000, _fake_download(key.encode() * 1000), what=key)
         cache.release(key)
         time.sleep(0.01)  # distinct mtimes
-    cache.acquire("a", 1000, _fake_download(b"x" * 1000), what="a")  # a hit: a is now newest
+    hit = cache.acquire("a", 1000, _fake_download(b"x" * 1000), what="a")  # a is now newest
     cache.release("a")
     cache.acquire("d", 1000, _fake_download(b"d" * 1000), what="d")
-    assert sorted(p.stem for p in tmp_path.glob("*.beton")) == ["a", "c", "d"]  # b was oldest
-    assert (tmp_path / "a.beton").read_bytes() == b"a" * 1000  # served from the cache
+    assert _keys(tmp_path) == ["a", "c", "d"]  # b was oldest
+    assert hit.read_bytes() == b"a" * 1000  # served from the cache
 
 
 def test_held_shards_are_not_evicted_and_too_large_is_one_line(tmp_path):
@@ -129,7 +133,7 @@ def test_held_shards_are_not_evicted_and_too_large_is_one_line(tmp_path):
     cache.acquire("b", 1000, _fake_download(b"b" * 1000), what="b")
     cache.release("b")
     cache.acquire("c", 1000, _fake_download(b"c" * 1000), what="c")
-    assert sorted(p.stem for p in tmp_path.glob("*.beton")) == ["a", "c"]
+    assert _keys(tmp_path) == ["a", "c"]
     with pytest.raises(DatasetError, match="--cache-limit") as err:
         cache.acquire("big", 5000, _fake_download(b""), what="s3://b/big.beton")
     assert "\n" not in str(err.value)
@@ -173,10 +177,9 @@ HANGING_DOWNLOAD = """
 import sys, time
 from pathlib import Path
 from turbotrain.datasets.shard_cache import ShardCache
-def download(part):
-    with open(part, "r+b") as f:
-        f.write(b"x" * 500)
-        f.flush()
+def download(f):
+    f.write(b"x" * 500)
+    f.flush()
     print("writing", flush=True)
     time.sleep(600)
 ShardCache(sys.argv[1], 10_000).acquire("k", 1000, download, what="k")
@@ -192,11 +195,11 @@ def test_a_killed_download_leaves_no_corrupt_shard(tmp_path):
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
-    assert not (tmp_path / "k.beton").exists()  # only a .part, never the final name
+    (killed,) = tmp_path.glob("k.*.beton")  # the killed download's file, recorded incomplete
     cache = ShardCache(tmp_path, 10_000)
     path = cache.acquire("k", 1000, _fake_download(b"y" * 1000), what="k")  # not blocked
-    assert path.read_bytes() == b"y" * 1000
-    assert not (tmp_path / "k.beton.part").exists()
+    assert path.read_bytes() == b"y" * 1000  # never the half-written file
+    assert path != killed and not killed.exists()  # which the next download removed
 
 
 def test_a_connection_dropped_mid_shard_is_retried(s3_server, dataset, tmp_path, monkeypatch):
@@ -423,10 +426,10 @@ def test_a_forked_process_downloads_through_a_fresh_process(dataset, tmp_path, m
     out, url = dataset
     log, original = tmp_path / "fresh-processes.log", Store._in_fresh_process
 
-    def logged(self, *args):  # the forked child inherits this patch
+    def logged(self, deadline, *args, **kwargs):  # the forked child inherits this patch
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {args[0]}\n")
-        return original(self, *args)
+        return original(self, deadline, *args, **kwargs)
 
     monkeypatch.setattr(Store, "_in_fresh_process", logged)
     split = open_dataset(url, "train", cache_dir=tmp_path / "cache", cache_limit="1GB")

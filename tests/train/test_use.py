@@ -340,7 +340,8 @@ def test_bad_runs_and_weights_end_in_one_line(fashion, cli, tmp_path, case, expe
     assert expected.format(tmp=tmp_path) in one_error_line(err, command)
 
 
-def test_eval_refuses_a_dataset_of_other_classes(fashion, cli, tiny_dataset):
-    code, _, err = cli("eval", "--run", fashion[1], "--data", tiny_dataset)
+def test_eval_refuses_a_dataset_of_other_classes(fashion, cli, tiny_dataset, tmp_path):
+    code, _, err = cli("eval", "--run", fashion[1], "--data", tiny_dataset,
+                       "--out", tmp_path / "eval.json")
     assert code == 2
     assert "its classes are not the model's" in one_error_line(err, "eval")

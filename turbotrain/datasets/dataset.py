@@ -31,12 +31,12 @@ def split_filename(split: str) -> str:
     return f"{split}.beton"
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, *, follow_symlinks: bool = True) -> str:
     """The SHA-256 of a split file, as dataset.json records it (read in 4 MiB blocks). Only a
     regular file is read (`open_regular`): /dev/zero or a named pipe would never end."""
     digest = hashlib.sha256()
     try:
-        f = open_regular(path)
+        f = open_regular(path, follow_symlinks=follow_symlinks)
     except UnsafeInput as e:
         raise DatasetError(f"{printable(path)}: {e}") from None
     with f:

@@ -2,32 +2,41 @@
 files they list, then writes dataset.json (and skipped.txt) exactly as a one-machine run would
 (shard_results.dataset_info), and removes the manifests.
 
-A part manifest is input like any other (it may have been copied from anywhere): it is read
-size-capped, and every value merge uses is checked before it is used.
+A part manifest is input like any other (it may have been copied from anywhere), and so is
+the folder: it is read size-capped (16 MiB, dataset.json's cap, which also bounds what
+json.loads allocates), every value merge uses is checked before it is used, and the dataset.json
+it would write is checked by the schema every reader applies (`schema.check_dataset_info`)
+before anything is written or deleted. Only regular files inside OUT are hashed, accepted or
+deleted: `OUT/parts` must be a real folder, and a shard or manifest that is a symlink is refused.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from turbotrain.printable import printable
 
+from . import format as fmt
 from .dataset import file_sha256
 from .parts import (MANIFEST_KIND, MANIFEST_VERSION, PARTS_DIR, is_part_partial, manifest_name,
                     parse_manifest_name)
 from .reader import DatasetError
-from .schema import DATASET_JSON, MAX_SHARDS, SPLITS
+from .safe_create import write_file
+from .schema import DATASET_JSON, MAX_JSON_BYTES, MAX_SHARDS, SPLITS, check_dataset_info
 from .shard_plan import part_shards
-from .shard_results import ShardResult, dataset_info, skipped_lines
+from .shard_results import STATS_SCALE, ShardResult, dataset_info, skipped_lines
 from .shards import parse_shard_filename, shard_filename
-from .untrusted import MIB, UnsafeInput, read_regular
+from .untrusted import UnsafeInput, read_regular
 
-# A manifest lists a part's shards and skipped files: 100,000 shards are ~20 MB of JSON.
-MAX_MANIFEST_BYTES = 256 * MIB
+# A manifest lists a part's shards and skipped files (~300 bytes a shard, compact JSON, as
+# parts.manifest_text writes it and checks against this same cap).
+MAX_MANIFEST_BYTES = MAX_JSON_BYTES
 # Shards hashed at once: sha256 releases the GIL, and a shared filesystem rewards parallel reads.
 HASH_THREADS = 4
 
@@ -58,12 +67,21 @@ def merge(out: str | os.PathLike) -> dict:
     info = dataset_info(facts, agreed["encoding"], results, sharded=True)
     if info is None:
         raise MergeError(f"{out}: no image could be read in any part (all were skipped)")
-    _install(out, info, results)
+    try:  # what every reader will check, checked before anything is written or deleted
+        check_dataset_info(info, out)
+    except DatasetError as e:
+        raise MergeError(f"{out}: the part manifests describe a dataset that is not valid "
+                         f"({str(e).split(': ', 1)[-1]}); re-run the parts") from None
+    _install(out, info, results, manifests)
     return info
 
 
 def _read_manifests(out: Path) -> dict[str, dict]:
     folder = out / PARTS_DIR
+    if os.path.islink(folder):
+        raise MergeError(f"{printable(folder)} is a symlink (to "
+                         f"{printable(os.path.realpath(folder))}); merge reads and deletes "
+                         f"only inside OUT: copy the manifests into a real {PARTS_DIR}/ folder")
     if not folder.is_dir():
         if (out / DATASET_JSON).is_file():
             raise MergeError(f"{out}: already merged ({DATASET_JSON} exists, no {PARTS_DIR}/)")
@@ -90,12 +108,18 @@ def _read_manifests(out: Path) -> dict[str, dict]:
 def _read_manifest(path: Path, numbers: tuple[int, int]) -> dict:
     shown = printable(path)
     try:
-        manifest = json.loads(read_regular(path, MAX_MANIFEST_BYTES))
+        data = read_regular(path, MAX_MANIFEST_BYTES, follow_symlinks=False)
     except UnsafeInput as e:
         raise MergeError(f"{shown}: {e}") from None
-    except (OSError, ValueError, RecursionError) as e:
-        raise MergeError(f"{shown}: not a readable part manifest ({e}); re-run that part") \
-            from None
+    except OSError as e:
+        raise MergeError(f"{shown}: unreadable ({e.strerror or e})") from None
+    try:
+        manifest = json.loads(data)
+    except (ValueError, RecursionError, MemoryError) as e:
+        reason = "too deeply nested or too large to parse" if not isinstance(e, ValueError) \
+            else printable(" ".join(str(e).split()))[:200]
+        raise MergeError(f"{shown}: not a readable part manifest ({reason}); re-run that "
+                         f"part") from None
     problem = _manifest_problem(manifest, numbers)
     if problem:
         raise MergeError(f"{shown}: {problem}; re-run prepare-dataset --part "
@@ -119,8 +143,13 @@ def _manifest_problem(m: object, numbers: tuple[int, int]) -> str | None:
             split in SPLITS and isinstance(p, dict) and _is_int(p.get("shards"))
             and 1 <= p["shards"] <= MAX_SHARDS for split, p in plan.items())):
         return "has no valid shard plan"
-    if not isinstance(agreed.get("source"), dict) or not isinstance(m.get("source_path"), str):
-        return "has no source"
+    source = agreed.get("source")
+    if not (isinstance(source, dict) and isinstance(m.get("source_path"), str)
+            and isinstance(source.get("classes"), list)
+            and all(key in source for key in ("kind", "fingerprint", "val_fraction"))):
+        return "has no source (classes, kind, fingerprint, val_fraction and source_path)"
+    if not isinstance(agreed.get("encoding"), dict):
+        return "has no encoding"
     shards = m.get("shards")
     if not isinstance(shards, list):
         return "lists no shards"
@@ -138,12 +167,24 @@ def _valid_result(r: ShardResult, plan: dict) -> bool:
     counts = [r.written, r.bytes, r.pixels.count, *r.mode_counts.values()]
     return (r.split in plan and _is_int(r.index) and 0 <= r.index < plan[r.split]["shards"]
             and r.file == shard_filename(r.split, r.index, plan[r.split]["shards"])
-            and all(_is_int(v) and v >= 0 for v in counts)
-            and all(_is_int(v) for v in (*r.pixels.sums, *r.pixels.squares))
+            and all(_is_int(v) and 0 <= v < 2**63 for v in counts)
             and len(r.pixels.sums) == len(r.pixels.squares) == 3
+            and _possible_pixels(r)
             and isinstance(r.sha256, str) and re.fullmatch(r"[0-9a-f]{64}", r.sha256) is not None
             and all(len(item) == 2 and all(isinstance(x, str) for x in item)
                     for item in r.skipped))
+
+
+def _possible_pixels(r: ShardResult) -> bool:
+    """Pixel totals a shard of r.written images can have: each image at most MAX_PIXELS, each
+    value 0..255 (in STATS_SCALE units). Bounded so, the sums of every shard fit a float (an
+    OverflowError otherwise) and the statistics are finite."""
+    most = r.written * fmt.MAX_PIXELS
+    return (r.pixels.count <= most
+            and all(_is_int(v) and 0 <= v <= 255 * STATS_SCALE * r.pixels.count
+                    for v in r.pixels.sums)
+            and all(_is_int(v) and 0 <= v <= 255 ** 2 * STATS_SCALE * r.pixels.count
+                    for v in r.pixels.squares))
 
 
 def _is_int(value: object) -> bool:
@@ -153,8 +194,9 @@ def _is_int(value: object) -> bool:
 def _check_agrees(out: Path, name: str, agreed: dict, first_name: str, first: dict) -> None:
     if agreed == first:
         return
-    differing = next((key for key in first if agreed.get(key) != first.get(key)), "?")
-    if isinstance(first.get(differing), dict):
+    differing = next((key for key in {**first, **agreed} if agreed.get(key) != first.get(key)),
+                     "?")
+    if isinstance(first.get(differing), dict) and isinstance(agreed.get(differing), dict):
         sub = next((k for k in {**first[differing], **agreed[differing]}
                     if agreed[differing].get(k) != first[differing].get(k)), None)
         differing = f"{differing}.{sub}" if sub else differing
@@ -198,17 +240,23 @@ def _check_files(out: Path, results: list[ShardResult], manifests: dict) -> None
     for r in results:
         path = out / r.file
         try:
-            size = os.stat(path).st_size
+            info = os.lstat(path)
         except OSError:
             raise MergeError(f"{printable(path)}: missing (part {owner[r.file]} lists it); "
                              f"re-run prepare-dataset --part {owner[r.file]}") from None
+        if not stat.S_ISREG(info.st_mode):
+            what = (f"a symlink (to {printable(os.path.realpath(path))})"
+                    if stat.S_ISLNK(info.st_mode) else "not a regular file")
+            raise MergeError(f"{printable(path)}: {what}; merge accepts only regular files "
+                             f"inside OUT: copy the shard itself there")
+        size = info.st_size
         if size != r.bytes:
             raise MergeError(f"{printable(path)}: {size} bytes, part {owner[r.file]}'s manifest "
                              f"says {r.bytes}; re-run prepare-dataset --part {owner[r.file]}")
 
     def digest(r: ShardResult) -> str:
         try:
-            return file_sha256(out / r.file)
+            return file_sha256(out / r.file, follow_symlinks=False)
         except (DatasetError, OSError) as e:
             return f"error: {e}"
 
@@ -220,32 +268,24 @@ def _check_files(out: Path, results: list[ShardResult], manifests: dict) -> None
                                  f"another run); re-run prepare-dataset --part {owner[r.file]}")
 
 
-def _install(out: Path, info: dict, results: list[ShardResult]) -> None:
+def _install(out: Path, info: dict, results: list[ShardResult], manifests: dict) -> None:
     """skipped.txt, then dataset.json (atomically: the dataset is finished once it exists),
-    then the manifests and leftover part folders go."""
+    then the manifests that were read and leftover part folders go."""
     skipped = out / "skipped.txt"
     if any(r.skipped for r in results):
-        _write_atomically(skipped, skipped_lines(results))
+        write_file(skipped, skipped_lines(results), durable=True)
     else:
         skipped.unlink(missing_ok=True)
-    _write_atomically(out / DATASET_JSON, json.dumps(info, indent=2) + "\n")
+    write_file(out / DATASET_JSON, json.dumps(info, indent=2) + "\n", durable=True)
     for entry in os.scandir(out):
         if is_part_partial(entry.name) and entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
-    folder = out / PARTS_DIR
+    folder = out / PARTS_DIR  # a real folder inside OUT (_read_manifests): unlink stays in it
     for name in os.listdir(folder):
-        if parse_manifest_name(name) or name.startswith(".part-"):
-            (folder / name).unlink()
+        if name in manifests or name.startswith(".part-"):  # and a killed part's temporary
+            with contextlib.suppress(OSError):  # (a folder of that name stays)
+                (folder / name).unlink()
     try:
         folder.rmdir()
     except OSError:
         pass  # someone put another file there: leave it (and the folder) alone
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -9,6 +9,7 @@ the source images.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def remove_stale_partials(out: Path) -> None:
     and a process that no longer exists)."""
     prefix = f".{out.name}.partial-"
     for entry in os.scandir(out.parent):
-        pid = entry.name[len(prefix):]
+        pid = entry.name[len(prefix):].split("-")[0]  # (make_fresh_dir may add -<random>)
         if entry.name.startswith(prefix) and pid.isdigit() and not Path(f"/proc/{pid}").exists() \
                 and entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
@@ -88,7 +89,8 @@ def install(partial: Path, out: Path) -> None:
     removed after that succeeds."""
     if os.path.lexists(out):
         check_replaceable(out)
-        trash = out.parent / f".{out.name}.old-{os.getpid()}"
+        # A fresh name: renaming onto one planted there would fail or replace it.
+        trash = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
         out.rename(trash)
         partial.rename(out)
         shutil.rmtree(trash, ignore_errors=True)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from .. import __version__
 from .output_folder import OutputFolderError, check_not_overlapping
-from .schema import DATASET_JSON
+from .safe_create import make_fresh_dir, write_file
+from .schema import DATASET_JSON, MAX_JSON_BYTES
 from .shard_plan import SplitPlan, part_shards
 from .shard_results import ShardResult
 from .shards import parse_shard_filename
@@ -65,6 +66,9 @@ def check_part_output(out: Path, source: Path, part: tuple[int, int], overwrite:
         return
     if os.path.islink(out) or not out.is_dir():
         raise OutputFolderError(f"{out} is not a folder (a file or a link); choose another OUT")
+    if os.path.islink(out / PARTS_DIR):
+        raise OutputFolderError(f"{out / PARTS_DIR} is a symlink; a part writes its manifest "
+                                f"only into a real folder inside OUT: remove the link")
     if (out / DATASET_JSON).exists():
         raise OutputFolderError(f"{out} holds a merged dataset ({DATASET_JSON}); write parts into "
                                 f"a new OUT (--overwrite never replaces a merged dataset "
@@ -100,9 +104,7 @@ def part_partial_dir(out: Path, part: int, parts: int) -> Path:
         if entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
     host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64]
-    partial = out / f"{prefix}{host}-{os.getpid()}"
-    partial.mkdir()
-    return partial
+    return make_fresh_dir(out / f"{prefix}{host}-{os.getpid()}")
 
 
 def agreement(source: dict, encoding: dict, options, plans: dict[str, SplitPlan],
@@ -130,19 +132,28 @@ def part_manifest(source: dict, encoding: dict, options, plans: dict[str, SplitP
             "shards": [r.to_json() for r in results]}
 
 
+def manifest_text(manifest: dict, part: tuple[int, int]) -> str:
+    """The manifest as merge reads it: compact JSON of at most MAX_JSON_BYTES, the cap merge
+    applies (what bounds json.loads' memory); a part too large for it is one line now, not a
+    refusal at merge time."""
+    text = json.dumps(manifest, separators=(",", ":")) + "\n"
+    if len(text.encode()) > MAX_JSON_BYTES:
+        raise OutputFolderError(
+            f"part {part[0]}/{part[1]}'s manifest would be {len(text.encode()) / 2**20:,.0f} MiB, "
+            f"over the {MAX_JSON_BYTES >> 20} MiB a manifest may be (like dataset.json); split "
+            f"the conversion into more --part runs, or use a larger --shard-size")
+    return text
+
+
 def install_part(partial: Path, out: Path, results: list[ShardResult], manifest: dict,
                  part: tuple[int, int]) -> None:
     """Moves the part's shards into OUT, then writes its manifest (atomically, last)."""
+    text = manifest_text(manifest, part)
     final = out / PARTS_DIR / manifest_name(*part)
     # A redone part no longer looks finished while its shards are being replaced.
     final.unlink(missing_ok=True)
     for r in results:
         os.replace(partial / r.file, out / r.file)
     final.parent.mkdir(exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(manifest, indent=1) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    write_file(final, text, durable=True)
     shutil.rmtree(partial, ignore_errors=True)

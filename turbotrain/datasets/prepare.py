@@ -32,6 +32,7 @@ from .output_folder import (OutputFolderError, check_output, install, partial_di
                             remove_stale_partials)
 from .parts import (check_part_output, install_part, part_manifest, part_partial_dir,
                     part_shard_ids)
+from .safe_create import make_fresh_dir, write_file
 from .shard_plan import ShardPlanError, SplitPlan, plan_split
 from .shard_results import ShardResult, dataset_info, encoding_facts, skipped_lines
 from .untrusted import Limits, UnsafeInput
@@ -247,9 +248,7 @@ def _prepare_whole(source, out: Path, plans: dict, options: PrepareOptions,
     """Every shard, built in a hidden sibling folder and renamed into place at the end."""
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out)
-    partial = partial_dir(out)
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
+    partial = make_fresh_dir(partial_dir(out))
     with _removed_on_failure(partial):
         ids = {split: list(range(plan.num_shards)) for split, plan in plans.items()}
         results = _write_all(source, plans, ids, partial, options, workers)
@@ -258,8 +257,8 @@ def _prepare_whole(source, out: Path, plans: dict, options: PrepareOptions,
         if info is None:
             raise PrepareError(f"{source.path}: no image could be read (all were skipped)")
         if any(r.skipped for r in results):
-            (partial / "skipped.txt").write_text(skipped_lines(results), encoding="utf-8")
-        (partial / DATASET_JSON).write_text(json.dumps(info, indent=2) + "\n")
+            write_file(partial / "skipped.txt", skipped_lines(results))
+        write_file(partial / DATASET_JSON, json.dumps(info, indent=2) + "\n")
         install(partial, out)
     return info
 

@@ -33,6 +33,7 @@ from . import format as fmt
 from . import shard_cache
 from .object_store import Store, is_url, join, shown_url
 from .reader import BetonFile, DatasetError
+from .safe_create import create_new
 from .schema import DATASET_JSON, MAX_JSON_BYTES, parse_dataset_json
 from .shards import ShardMetadata
 
@@ -168,11 +169,11 @@ class RemoteShard:
                                f"in {self.nbytes}: the object was replaced; upload the "
                                f"prepared folder again")
 
-    def _download(self, part: Path) -> None:
-        """The whole object into `part`, its size and SHA-256 checked against the index."""
+    def _download(self, f) -> None:
+        """The whole object into f (the cache's new file, sized to it), its size and SHA-256
+        checked against the index."""
         digest, expected = hashlib.sha256(), self.entry.get("sha256")
-        with open(part, "r+b") as f:
-            self.reader.store.download(self.name, f, os.path.getsize(part), digest.update)
+        self.reader.store.download(self.name, f, os.fstat(f.fileno()).st_size, digest.update)
         if expected is not None and digest.hexdigest() != expected.lower():
             raise DatasetError(f"{shown_url(self.url)}: SHA-256 {digest.hexdigest()[:12]}..., "
                                f"dataset.json says {expected[:12]}...: the object was replaced "
@@ -184,7 +185,7 @@ def _check_pieces(pieces: dict[int, bytes], nbytes: int, shown: str) -> BetonFil
     BetonFile's own checks run on them (no sample byte is needed, none is on disk)."""
     with tempfile.TemporaryDirectory(prefix="turbotrain-meta-") as tmp:
         scratch = Path(tmp) / "shard.beton"
-        with open(scratch, "wb") as f:
+        with os.fdopen(create_new(scratch), "wb") as f:
             f.truncate(nbytes)
             for offset, data in pieces.items():
                 f.seek(offset)

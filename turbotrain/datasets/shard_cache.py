@@ -1,19 +1,24 @@
 """A folder of downloaded shards, bounded in size, shared by every process that reads them.
 
 `ShardCache(cache_dir, limit_bytes)` keeps whole shard files under `cache_dir`, each named by a
-hash of its URL and its SHA-256 (a dataset that changes never serves stale bytes):
+hash of its URL and its SHA-256 (a dataset that changes never serves stale bytes) plus a random
+part: `<key>.<16 hex digits>.beton`.
 
-* a download is written to `<key>.beton.part`, sized to the whole shard up front (so the
-  folder's total counts it from its first byte), checked by its caller, then renamed: a killed
-  download never leaves a file under the final name;
-* the total of `.beton` and `.beton.part` files stays <= limit_bytes: before a download, the
-  least-recently-used shards (file mtime, touched on every use) that no process holds are
-  deleted. A shard larger than the limit is one clear error naming --cache-limit;
+* the cache reads, counts and deletes only the files it made, as its journal records them
+  (cache_journal.py): a user's own `.beton`, an older turbotrain's shards or a symlink planted
+  under a computable name are never opened, written, counted or deleted. A download is a new
+  file (`safe_create.create_unique`: O_EXCL | O_NOFOLLOW under a fresh name), sized to the
+  whole shard up front (so the folder's total counts it from its first byte), recorded as
+  incomplete, written through the descriptor, checked by its caller, then recorded as complete:
+  a killed download never leaves a file the cache would read;
+* the total of its files stays <= limit_bytes: before a download, the least-recently-used shards
+  (file mtime, touched on every use) that no process holds are deleted. A shard larger than the
+  limit is one clear error naming --cache-limit;
 * processes (ranks, DataLoader workers) share the folder through `fcntl.flock` locks in
   `.locks/`: `<key>.dl` (exclusive while one process downloads; a second waits for it, then
   finds the file), `<key>.use` (shared while a process holds the shard: opened, or prefetched
   for the next reads; eviction takes it exclusive, non-blocking, so it skips a held shard) and
-  `cache.lock` (one process at a time counts and evicts);
+  `cache.lock` (one process at a time changes the journal, counts and evicts);
 * a process lets go of the shards it holds only when a read needs the room (a prefetch never
   does), least recently touched first, never those `protect`ed (the next shards of its order):
   reading a shard again costs a reopen, not a download, while it fits.
@@ -21,7 +26,9 @@ hash of its URL and its SHA-256 (a dataset that changes never serves stale bytes
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import stat
 import hashlib
 import os
 import threading
@@ -29,13 +36,15 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from turbotrain.printable import printable
 
+from .cache_journal import Journal, Made, key_is_valid
 from .reader import DatasetError
+from .safe_create import create_unique
 
 SHARD_SUFFIX = ".beton"
-PART_SUFFIX = ".beton.part"
 LOCKS = ".locks"
 # How long a download waits for other processes to let go of shards when the cache is full
 # before it says the limit is too small (they let go as they move on to their next shards).
@@ -51,9 +60,21 @@ def cache_key(url: str, sha256: str | None) -> str:
     return hashlib.sha256(f"{url}\n{sha256 or ''}".encode()).hexdigest()[:40]
 
 
+def _open_lock(path: Path) -> int:
+    """A lock file's descriptor; O_NOFOLLOW: a symlink planted there would make O_CREAT create
+    the file it points to, wherever that is."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                       0o644)
+    except OSError as e:
+        raise DatasetError(f"{printable(path)}: cannot use it as a lock file ("
+                           f"{'a symlink' if e.errno == errno.ELOOP else e.strerror or e}); "
+                           f"remove it, or pass another --cache-dir") from None
+
+
 @contextlib.contextmanager
 def _flock(path: Path, mode: int):
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, mode)
         yield fd
@@ -75,11 +96,17 @@ class ShardCache:
     def __init__(self, cache_dir: str | os.PathLike, limit_bytes: int):
         self.dir = Path(cache_dir).expanduser()
         self.limit = int(limit_bytes)
+        locks = self.dir / LOCKS
         try:
-            (self.dir / LOCKS).mkdir(parents=True, exist_ok=True)
+            locks.mkdir(parents=True, exist_ok=True)
+            is_folder = stat.S_ISDIR(os.lstat(locks).st_mode)
         except OSError as e:
             raise DatasetError(f"--cache-dir {printable(self.dir)}: cannot create it "
                                f"({e.strerror or e}); pass another --cache-dir") from None
+        if not is_folder:  # a symlink: every lock and the journal would live elsewhere
+            raise DatasetError(f"--cache-dir {printable(self.dir)}: its {LOCKS} is not a folder "
+                               f"(a symlink?); remove it, or pass another --cache-dir")
+        self.journal = Journal(self.dir, locks)
         self._reset()
         _INSTANCES.add(self)
 
@@ -99,13 +126,15 @@ class ShardCache:
         self._reset()
 
     # -- the one public path: a complete shard file, held ------------------------------------
-    def acquire(self, key: str, nbytes: int, download: Callable[[Path], None], *, what: str,
+    def acquire(self, key: str, nbytes: int, download: Callable[[BinaryIO], None], *, what: str,
                 on_release: Callable[[], None] | None = None, wait: bool = True) -> Path | None:
         """The path of shard `key` (nbytes long), downloaded first if missing, and held by this
-        process until `release(key)` (or until it needs the room). `download(part)` writes the
-        shard into the existing file `part` and checks it; DatasetError from it propagates.
-        With wait=False (a prefetch) it returns None instead of waiting for room."""
-        path = self.dir / (key + SHARD_SUFFIX)
+        process until `release(key)` (or until it needs the room). `download(f)` writes the
+        shard into f (a new file of nbytes, open for reading and writing, at offset 0) and
+        checks it; DatasetError from it propagates. With wait=False (a prefetch) it returns
+        None instead of waiting for room."""
+        if not key_is_valid(key):
+            raise ValueError(f"not a cache key: {key!r}")
         if nbytes > self.limit:
             raise DatasetError(f"{what} is {shown_size(nbytes)}, more than the whole shard "
                                f"cache ({shown_size(self.limit)}): raise --cache-limit to at "
@@ -114,16 +143,20 @@ class ShardCache:
         # drop the hold of a read in another thread.
         made = self._hold(key, on_release)
         try:
-            if not self._present(path, nbytes):
+            path = self._present(key, nbytes)
+            if path is None:
                 with _flock(self._lock_path(key, "dl"), fcntl.LOCK_EX):
                     # Another process may have downloaded it while we waited for its lock.
-                    if not self._present(path, nbytes):
-                        if not self._download(key, nbytes, download, what, wait):
+                    path = self._present(key, nbytes)
+                    if path is None:
+                        path = self._download(key, nbytes, download, what, wait)
+                        if path is None:
                             if made:
                                 self.release(key)
                             return None
             with contextlib.suppress(OSError):
-                os.utime(path)  # least recently used = oldest mtime
+                # least recently used = oldest mtime; never through a link
+                os.utime(path, follow_symlinks=False)
             return path
         except BaseException:
             if made:
@@ -154,11 +187,13 @@ class ShardCache:
     def _lock_path(self, key: str, kind: str) -> Path:
         return self.dir / LOCKS / f"{key}.{kind}"
 
-    def _present(self, path: Path, nbytes: int) -> bool:
-        try:
-            return path.stat().st_size == nbytes
-        except OSError:
-            return False
+    def _present(self, key: str, nbytes: int) -> Path | None:
+        """A complete shard `key` of nbytes that the cache made and that is still its file."""
+        for made in self.journal.read().values():
+            if made.key == key and made.complete and made.bytes == nbytes \
+                    and self.journal.intact(made):
+                return self.dir / made.name
+        return None
 
     def _hold(self, key: str, on_release: Callable[[], None] | None) -> bool:
         """Holds shard key (a shared `.use` lock); False if this process already held it."""
@@ -168,8 +203,7 @@ class ShardCache:
                 held.touched = time.monotonic()
                 held.on_release = on_release or held.on_release
                 return False
-        fd = os.open(self._lock_path(key, "use"),
-                     os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = _open_lock(self._lock_path(key, "use"))
         # Blocks only while another process evicts this shard (a moment): then we download it.
         fcntl.flock(fd, fcntl.LOCK_SH)
         with self._lock:
@@ -180,23 +214,32 @@ class ShardCache:
             self._held[key] = _Held(fd, on_release)
             return True
 
-    def _download(self, key: str, nbytes: int, download: Callable[[Path], None], what: str,
-                  wait: bool) -> bool:
-        """Makes room, writes `<key>.beton.part` through `download`, renames it. False when
-        there is no room and wait is False."""
-        part = self.dir / (key + PART_SUFFIX)
+    def _download(self, key: str, nbytes: int, download: Callable[[BinaryIO], None],
+                  what: str, wait: bool) -> Path | None:
+        """Makes room, creates and records a new file, lets `download` fill it, records it
+        complete. None when there is no room and wait is False."""
         deadline = time.monotonic() + WAIT_FOR_ROOM_S
         while True:
             with _flock(self.dir / LOCKS / "cache.lock", fcntl.LOCK_EX):
+                entries = self.journal.read()
+                known = set(entries)
+                self._remove_killed_downloads(key, entries)
                 # A prefetch only takes room nobody holds: letting go of this process's shards
                 # could drop one its reader is still in (a window of the quasi-random order).
-                if self._make_room(nbytes, exclude=key, may_let_go=wait):
-                    # Sized up front, inside the lock: every other process now counts it.
-                    with open(part, "wb") as f:
-                        f.truncate(nbytes)
+                room = self._make_room(entries, nbytes, exclude=key, may_let_go=wait)
+                made, fd = self._create(key, nbytes, entries) if room else (None, -1)
+                try:
+                    if set(entries) != known:
+                        self.journal.write(entries)
+                except BaseException:
+                    if made is not None:
+                        os.close(fd)
+                        (self.dir / made.name).unlink(missing_ok=True)
+                    raise
+                if room:
                     break
             if not wait:
-                return False
+                return None
             if time.monotonic() > deadline:
                 raise DatasetError(
                     f"{what}: the shard cache {printable(self.dir)} ({shown_size(self.limit)}) "
@@ -206,58 +249,104 @@ class ShardCache:
         with self._lock:
             self._downloading.add(key)
         try:
-            download(part)
-            os.replace(part, self.dir / (key + SHARD_SUFFIX))
+            with os.fdopen(fd, "r+b") as f:
+                download(f)
+            self._change(made.name, complete=True)
         except BaseException:
-            with contextlib.suppress(OSError):
-                part.unlink()
+            if self.journal.intact(made):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.dir / made.name)
+            self._change(made.name, complete=None)
             raise
         finally:
             with self._lock:
                 self._downloading.discard(key)
-        return True
+        return self.dir / made.name
 
-    def _entries(self) -> list[tuple[Path, int, float]]:
-        """(path, size, mtime) of every shard and part file in the folder."""
-        entries = []
-        with os.scandir(self.dir) as it:
-            for entry in it:
-                if entry.name.endswith((SHARD_SUFFIX, PART_SUFFIX)):
-                    with contextlib.suppress(FileNotFoundError):
-                        info = entry.stat(follow_symlinks=False)
-                        entries.append((Path(entry.path), info.st_size, info.st_mtime))
-        return entries
+    def _remove_killed_downloads(self, key: str, entries: dict[str, Made]) -> None:
+        """Incomplete files of shard key: we hold its `.dl` lock, so each is the part of a
+        download that was killed; removed (while still the cache's own) and forgotten."""
+        for name, made in list(entries.items()):
+            if made.key == key and not made.complete:
+                if self.journal.intact(made):
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.dir / name)
+                del entries[name]
 
-    def _make_room(self, nbytes: int, exclude: str, may_let_go: bool) -> bool:
-        """Under cache.lock: deletes leftover parts and least-recently-used shards nobody holds
-        until nbytes more fit; if may_let_go, lets go of this process's unprotected shards when
-        that is not enough. False when it still does not fit."""
+    def _create(self, key: str, nbytes: int, entries: dict[str, Made]) -> tuple[Made, int]:
+        """A new file for shard key, sized (inside cache.lock: every other process now counts
+        it) and added to entries as incomplete."""
+        try:
+            fd, path = create_unique(self.dir, f"{key}.", SHARD_SUFFIX, 0o644, readable=True)
+        except OSError as e:
+            raise DatasetError(f"--cache-dir {printable(self.dir)}: cannot create a shard file "
+                               f"({e.strerror or e}); pass another --cache-dir") from None
+        try:
+            os.ftruncate(fd, nbytes)
+            made = Made(path.name, key, nbytes, os.fstat(fd).st_ino)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        entries[made.name] = made
+        return made, fd
+
+    def _change(self, name: str, complete: bool | None) -> None:
+        """Records file `name` as complete, or (None) forgets it."""
+        with _flock(self.dir / LOCKS / "cache.lock", fcntl.LOCK_EX):
+            entries = self.journal.read()
+            if complete is None:
+                entries.pop(name, None)
+            elif name in entries:
+                entries[name].complete = complete
+            self.journal.write(entries)
+
+    def _entries(self, entries: dict[str, Made]) -> list[tuple[Made, float]]:
+        """(file, mtime) of every file the journal lists that is still the cache's own; the
+        entries of files removed or replaced by someone else are dropped (nothing is deleted:
+        what is there now is not ours)."""
+        found = []
+        for name, made in list(entries.items()):
+            info = self.journal.intact(made)
+            if info is None:
+                del entries[name]
+            else:
+                found.append((made, info.st_mtime))
+        return found
+
+    def _make_room(self, entries: dict[str, Made], nbytes: int, exclude: str,
+                   may_let_go: bool) -> bool:
+        """Under cache.lock: deletes parts of killed downloads and least-recently-used shards
+        nobody holds until nbytes more fit (entries is updated); if may_let_go, lets go of this
+        process's unprotected shards when that is not enough. False when it still does not
+        fit."""
         for attempt in range(2):
-            entries = self._entries()
-            total = sum(size for _, size, _ in entries)
-            for path, size, _ in sorted(entries, key=lambda e: e[2]):
+            found = self._entries(entries)
+            total = sum(made.bytes for made, _ in found)
+            for made, _ in sorted(found, key=lambda e: e[1]):
                 if total + nbytes <= self.limit:
                     return True
-                key = path.name.split(".", 1)[0]
-                if key != exclude and not self._is_protected(key) and self._evict(path, key):
-                    total -= size
+                if made.key != exclude and not self._is_protected(made.key) \
+                        and self._evict(made):
+                    del entries[made.name]
+                    total -= made.bytes
             if total + nbytes <= self.limit:
                 return True
             if attempt == 0 and not (may_let_go and self._let_go_of_some(exclude)):
                 return False
         return False
 
-    def _evict(self, path: Path, key: str) -> bool:
-        """Deletes a shard (or a part left by a killed download) that no process holds."""
-        kind = "dl" if path.name.endswith(PART_SUFFIX) else "use"
-        fd = os.open(self._lock_path(key, kind), os.O_RDWR | os.O_CREAT, 0o644)
+    def _evict(self, made: Made) -> bool:
+        """Deletes a shard (or the part of a killed download) that no process holds."""
+        fd = _open_lock(self._lock_path(made.key, "use" if made.complete else "dl"))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return False  # held, or being downloaded
         try:
-            path.unlink(missing_ok=True)
+            if self.journal.intact(made):  # still ours, now that nobody can hold it
+                os.unlink(self.dir / made.name)
             return True
         finally:
             os.close(fd)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from turbotrain.printable import printable
 from turbotrain.sizes import SizeError, parse_size
 
 from . import format as fmt
@@ -46,10 +47,12 @@ def parse_shard_size(text: str) -> int:
 
 
 def parse_part(text: str) -> tuple[int, int]:
-    """'i/N' with 0 <= i < N -> (i, N)."""
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    """'i/N' with 0 <= i < N <= MAX_SHARDS -> (i, N)."""
+    # At most 6 digits each: int() of a 5,000-digit string raises (and N is <= 100,000).
+    match = re.fullmatch(r"\s*(\d{1,6})\s*/\s*(\d{1,6})\s*", str(text))
     if not match or not 0 <= int(match[1]) < int(match[2]) <= MAX_SHARDS:
-        raise ShardPlanError(f"--part {text!r}: expected i/N with 0 <= i < N (e.g. 0/4 ... 3/4)")
+        raise ShardPlanError(f"--part {printable(repr(str(text)[:40]))}: expected i/N with "
+                             f"0 <= i < N <= {MAX_SHARDS:,} (e.g. 0/4 ... 3/4)")
     return int(match[1]), int(match[2])
 
 

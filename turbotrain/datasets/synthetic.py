@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from . import format as fmt
+from .safe_create import write_file
 from .shards import shard_filename
 
 CLASSES = ("circle", "square", "triangle", "star", "ring",
@@ -133,9 +134,7 @@ def write_shapes_imagefolder(root: str | Path, *, train_per_class: int, val_per_
         if not path.exists():
             data = simplejpeg.encode_jpeg(shape_image(seed, index, label, size), quality=quality,
                                           colorsubsampling="420")
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(data)
-            tmp.rename(path)
+            write_file(path, data)
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
         list(pool.map(write, jobs))
@@ -175,5 +174,5 @@ def write_random_raw_dataset(out: str | Path, *, shards: int = 4, per_shard: int
                                  "bytes": sum(e["bytes"] for e in entries), "shards": entries},
                        "val": {**val_entry, "skipped": 0}},
             "pixel_stats": None}
-    (out / "dataset.json").write_text(json.dumps(info))
+    write_file(out / "dataset.json", json.dumps(info))
     return out

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import format as fmt
+from .safe_create import replacing
 
 
 class SampleTooLarge(ValueError):
@@ -48,15 +49,20 @@ class BetonWriter:
         self._file = None
 
     def __enter__(self) -> "BetonWriter":
-        self._file = open(self.path, "wb")
+        # A new file under a fresh name, renamed onto path once finished (safe_create): nothing
+        # planted at path is written through, and a failed write leaves no half file there.
+        self._replacing = replacing(self.path, "wb")
+        self._file = self._replacing.__enter__()
         return self
 
-    def __exit__(self, exc_type, *_) -> None:
-        try:
-            if exc_type is None:
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            try:
                 self._finish()
-        finally:
-            self._file.close()
+            except BaseException as failed:
+                self._replacing.__exit__(type(failed), failed, failed.__traceback__)
+                raise
+        self._replacing.__exit__(exc_type, exc, traceback)
 
     def append(self, mode: int, height: int, width: int, payload, label: int) -> None:
         size = len(payload)

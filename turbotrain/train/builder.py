@@ -351,7 +351,10 @@ def _set_determinism(config: TrainConfig, device: torch.device) -> None:
     if config.deterministic:
         # cuBLAS needs a fixed workspace to be deterministic; it reads this at CUDA init.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+    # Set both ways: the flag is process-wide, and a --deterministic run in this process (a
+    # test, a notebook) must not leave the next run deterministic, with its new tensors filled
+    # with NaN (torch.utils.deterministic.fill_uninitialized_memory).
+    torch.use_deterministic_algorithms(config.deterministic)
     if device.type == "cuda":
         # Fixed shapes (drop_last) make cuDNN's one-off autotune pay back from the first epoch.
         torch.backends.cudnn.benchmark = not config.deterministic

@@ -58,19 +58,11 @@ def checkpoint_path(run_dir: str | os.PathLike) -> Path:
 
 
 def save_atomic(state: dict, path: str | os.PathLike) -> None:
+    from turbotrain.datasets.safe_create import replacing
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        # A stale temp file (or a symlink planted under its name) is removed, never written
-        # through: "x" creates a new file or fails.
-        tmp.unlink(missing_ok=True)
-        with open(tmp, "xb") as f:
-            torch.save({"format_version": FORMAT_VERSION, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # A new file under a fresh name (nothing planted is followed or reused), renamed over path.
+    with replacing(path, "wb", durable=True) as f:
+        torch.save({"format_version": FORMAT_VERSION, **state}, f)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -24,19 +24,35 @@ from .errors import TrainError
 MAX_CONFIG_BYTES = 16 << 20
 
 
-def load_yaml(path: str | os.PathLike) -> dict:
-    """The settings in a YAML file, validated; keys may be written `batch-size` or `batch_size`."""
+def read_yaml(path: Path):
+    """What a YAML settings file holds, read the one way every config file is (`--config`, a
+    run's config.yaml for --resume, eval, predict and export): a regular file only (a named
+    pipe would block the read forever), at most MAX_CONFIG_BYTES, `yaml.safe_load` (no tags
+    that build objects). Whatever the file does wrong is one TrainError line naming it: a
+    5,000-digit integer (ValueError from int()), nesting 200,000 deep (RecursionError in
+    PyYAML's composer), or a structure too large for memory."""
     from turbotrain.datasets.untrusted import UnsafeInput, read_regular
-    path = Path(path)
     try:
-        # A regular file only (a named pipe would block the read forever), capped.
-        loaded = yaml.safe_load(read_regular(path, MAX_CONFIG_BYTES))
+        data = read_regular(path, MAX_CONFIG_BYTES)
     except UnsafeInput as exc:
         raise TrainError(f"config {path} {exc}") from None
     except OSError as exc:
         raise TrainError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(data)
     except yaml.YAMLError as exc:
         raise TrainError(f"config {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    except ValueError as exc:  # int() of more than 4,300 digits
+        raise TrainError(f"config {path} is not valid YAML: {str(exc).split(';')[0]}") from None
+    except (RecursionError, MemoryError):
+        raise TrainError(f"config {path} is not valid YAML: nested too deeply or too large "
+                         "to read") from None
+
+
+def load_yaml(path: str | os.PathLike) -> dict:
+    """The settings in a YAML file, validated; keys may be written `batch-size` or `batch_size`."""
+    path = Path(path)
+    loaded = read_yaml(path)
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -59,16 +75,9 @@ def load_yaml(path: str | os.PathLike) -> dict:
 def save_yaml(config: TrainConfig, path: str | os.PathLike) -> None:
     """Writes the run's settings as YAML readable by `--config`; auto values must be resolved.
     Written beside and renamed over `path`: a symlink there is replaced, not written through."""
+    from turbotrain.datasets.safe_create import write_file
     data = {name.replace("_", "-"): value for name, value in config.to_saved_dict().items()}
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.unlink(missing_ok=True)
-        with open(tmp, "x") as f:
-            f.write(yaml.safe_dump(data, sort_keys=False))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_file(path, yaml.safe_dump(data, sort_keys=False))
 
 
 # What a run saved before a setting existed did instead: resuming it must not switch to what

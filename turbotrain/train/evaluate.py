@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from turbotrain.datasets.safe_create import existing_refusal, replacing_path, write_file
 from turbotrain.printable import printable
 
 from .errors import TrainError
@@ -61,6 +62,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="FILE",
                         help="where eval.json goes (default: RUNDIR/eval.json, or beside the "
                              "--weights file); confusion.png is written beside it")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing eval.json and confusion.png (refused by "
+                             "default)")
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -70,15 +74,15 @@ def run_eval(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from .data import open_split
     loaded = load_model(args)
-    data = args.data or loaded.settings.get("data")
-    if not data:
-        raise TrainError("--data DS is needed: the prepared dataset to evaluate on")
+    out = Path(args.out) if args.out else (loaded.run_dir or loaded.path.parent) / "eval.json"
+    if not args.overwrite:  # before the evaluation, not after it
+        check_not_there(out)
+    data = data_to_evaluate(args.data, loaded)
     split = open_split(data, args.split)
     result = evaluate_split(loaded, split, batch_size=args.batch_size,
                             pipeline=args.pipeline, workers=args.workers)
     result["data"] = str(data)
-    out = Path(args.out) if args.out else (loaded.run_dir or loaded.path.parent) / "eval.json"
-    written = write_results(result, out, loaded.card.classes)
+    written = write_results(result, out, loaded.card.classes, overwrite=args.overwrite)
     print(printable(describe(loaded)))
     for line in summary_lines(result, loaded, same_data=_is_run_val(loaded, data, args.split)):
         print(printable(line))
@@ -174,29 +178,58 @@ def evaluate_split(loaded: LoadedModel, split, *, batch_size: int | None = None,
     }
 
 
-def write_results(result: dict, out: Path, classes) -> list[Path]:
-    """eval.json at `out` and confusion.png beside it (when the matrix was kept); both written
-    to a temporary name and renamed, so a reader never sees half a file."""
+def data_to_evaluate(given: str | None, loaded: LoadedModel) -> str:
+    """--data, else the dataset the run's config.yaml names. A run folder may be a stranger's
+    (docs/SECURITY.md): what it names is printed before it is read, and a URL in it is never
+    fetched (that takes --data URL, typed by the user); a local path is read as any dataset
+    is, through every check of dataset.json and the .beton files."""
+    from turbotrain.datasets.object_store import is_url, shown_url
+    if given:
+        return given
+    data = loaded.settings.get("data")
+    if not data:
+        raise TrainError("--data DS is needed: the prepared dataset to evaluate on")
+    where = loaded.run_dir / "config.yaml"
+    if is_url(data):
+        raise TrainError(f"{where} names the dataset {shown_url(data)}: a URL from a run folder "
+                         f"is not fetched; pass --data {shown_url(data)} to evaluate on it")
+    print(printable(f"data: {data} (from {where}; --data chooses another)"))
+    return data
+
+
+def check_not_there(out: Path) -> None:
+    """eval.json and confusion.png may not replace existing files (without --overwrite)."""
+    for path in (out, out.with_name("confusion.png")):
+        if os.path.lexists(path):
+            raise TrainError(existing_refusal(path, "--overwrite"))
+
+
+def write_results(result: dict, out: Path, classes, *, overwrite: bool = False) -> list[Path]:
+    """eval.json at `out` and confusion.png beside it (when the matrix was kept); each written
+    under a fresh name and renamed (safe_create), so a reader never sees half a file and
+    nothing planted in the folder is written through; without overwrite, an existing file is
+    refused."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    if not overwrite:
+        check_not_there(out)
     written = []
     picture = out.with_name("confusion.png")
-    if result["confusion"] is not None:
-        result["confusion_png"] = str(picture)
-        written.append(plot_confusion(np.asarray(result["confusion"]), classes, picture))
-    else:
-        result["confusion_png"] = None
-        result["confusion_note"] = (f"{result['classes']:,} classes: the confusion matrix is "
-                                    f"kept up to {MAX_CONFUSION_CLASSES:,}")
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+        if result["confusion"] is not None:
+            result["confusion_png"] = str(picture)
+            written.append(plot_confusion(np.asarray(result["confusion"]), classes, picture,
+                                          overwrite=overwrite))
+        else:
+            result["confusion_png"] = None
+            result["confusion_note"] = (f"{result['classes']:,} classes: the confusion matrix "
+                                        f"is kept up to {MAX_CONFUSION_CLASSES:,}")
+        write_file(out, json.dumps(result, indent=1) + "\n", overwrite=overwrite)
+    except FileExistsError as exc:  # one that appeared while we evaluated
+        raise TrainError(existing_refusal(Path(exc.filename or out), "--overwrite")) from None
     return [out, *written]
 
 
-def plot_confusion(matrix: np.ndarray, classes, path: Path) -> Path:
+def plot_confusion(matrix: np.ndarray, classes, path: Path, *, overwrite: bool = True) -> Path:
     """Rows normalised to the share of each true class; names on both axes up to
     LABELLED_CLASSES classes, counts in the cells up to ANNOTATED_CLASSES."""
     import matplotlib
@@ -225,13 +258,11 @@ def plot_confusion(matrix: np.ndarray, classes, path: Path) -> Path:
                     ax.text(j, i, str(matrix[i, j]), ha="center", va="center", fontsize=7,
                             color="white" if share[i, j] > 0.5 else "black")
     ax.set(xlabel="predicted class", ylabel="true class", title=title)
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
     try:
-        fig.savefig(tmp, dpi=90)
-        os.replace(tmp, path)
+        with replacing_path(path, overwrite=overwrite) as tmp:
+            fig.savefig(tmp, dpi=90)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return path
 
 

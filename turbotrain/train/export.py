@@ -18,11 +18,14 @@ any batch size; the output is float32 logits (batch, classes). Normalisation is 
   "logits", a dynamic "batch" axis; the card is in the model's metadata (key "turbotrain").
   Needs `pip install turbotrain[export]` (onnx, onnxruntime, onnxscript).
 
-The file is written under a temporary name, loaded back and run (ONNX through onnxruntime) on
+The file is written in a private temporary folder beside its destination (safe_create: nothing
+planted there is written through), loaded back and run (ONNX through onnxruntime) on
 a real batch: the first images of the run's dataset (val split, else train) through the eval
 pipeline, else `--images`, else seeded random pixels; its logits are compared with the eager
 fp32 model's and the largest absolute difference is printed. Above the tolerance the command
-fails with exit code 1 and writes nothing; below it the file is renamed into place.
+fails with exit code 1 and writes nothing; below it the file is renamed into place. An existing
+file there is replaced only with --overwrite (checked before the export starts, and again,
+atomically, when the file is renamed into place).
 
 Tolerance: TOLERANCE x max(1, largest |logit|). Both sides compute in fp32 (machine epsilon
 1.2e-7) but in different orders (onnxruntime's MLAS kernels and fusions, oneDNN in eager):
@@ -44,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from turbotrain.datasets.safe_create import existing_refusal, replacing_path
 from turbotrain.printable import printable
 
 from .errors import TrainError
@@ -70,7 +74,10 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
                         help="safetensors (weights + card), torchscript or onnx")
     parser.add_argument("--out", metavar="FILE",
                         help="the exported file (default: model.<format> in the run folder, "
-                             "or beside the --weights file)")
+                             "or beside the --weights file); an existing file is refused "
+                             "unless --overwrite")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing exported file")
     parser.add_argument("--data", metavar="DS",
                         help="prepared dataset whose first images check the export (default: "
                              "the run's)")
@@ -97,28 +104,18 @@ def _run(args: argparse.Namespace) -> int:
     model = loaded.model.to(memory_format=torch.contiguous_format).eval()
     out = Path(args.out) if args.out else \
         (loaded.run_dir or loaded.path.parent) / f"model.{FORMATS[args.format]}"
+    if os.path.lexists(out) and not args.overwrite:
+        raise TrainError(existing_refusal(out, "--overwrite"))
     batch, where = check_batch(loaded, args)
     print(printable(describe(loaded)))
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     started = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        how, run_exported = EXPORTERS[args.format](model, loaded, tmp)
-        with torch.no_grad():
-            expected = model(batch)
-            got = torch.as_tensor(run_exported(batch))
-        if got.shape != expected.shape:
-            raise ExportMismatch(f"the exported model gives logits of shape {tuple(got.shape)} "
-                                 f"for {len(batch)} images, the model {tuple(expected.shape)}")
-        difference = float((got.float() - expected).abs().max())
-        tolerance = TOLERANCE * max(1.0, float(expected.abs().max()))
-        if not difference <= tolerance:  # also a NaN
-            raise ExportMismatch(f"the exported model's logits differ from the model's by up "
-                                 f"to {difference:.3g} on {where}, over the tolerance "
-                                 f"{tolerance:.3g}; nothing written")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+        with replacing_path(out, overwrite=args.overwrite) as tmp:
+            how, difference, tolerance = _export_and_check(args.format, model, loaded, tmp,
+                                                           batch, where)
+    except FileExistsError:  # one that appeared while we exported
+        raise TrainError(existing_refusal(out, "--overwrite")) from None
     card = loaded.card
     print(printable(f"exported {out} ({args.format}, {how}) in "
                     f"{time.perf_counter() - started:.1f} s: images uint8 [batch, 3, "
@@ -129,12 +126,42 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_and_check(fmt: str, model, loaded: LoadedModel, path: Path, batch: torch.Tensor,
+                      where: str) -> tuple[str, float, float]:
+    """Writes the export to path and compares its logits on batch with the model's; returns
+    (how, largest difference, tolerance), or raises ExportMismatch."""
+    how, run_exported = EXPORTERS[fmt](model, loaded, path)
+    with torch.no_grad():
+        expected = model(batch)
+        got = torch.as_tensor(run_exported(batch))
+    if got.shape != expected.shape:
+        raise ExportMismatch(f"the exported model gives logits of shape {tuple(got.shape)} "
+                             f"for {len(batch)} images, the model {tuple(expected.shape)}")
+    difference = float((got.float() - expected).abs().max())
+    tolerance = TOLERANCE * max(1.0, float(expected.abs().max()))
+    if not difference <= tolerance:  # also a NaN
+        raise ExportMismatch(f"the exported model's logits differ from the model's by up "
+                             f"to {difference:.3g} on {where}, over the tolerance "
+                             f"{tolerance:.3g}; nothing written")
+    return how, difference, tolerance
+
+
 def check_batch(loaded: LoadedModel, args) -> tuple[torch.Tensor, str]:
     """uint8 (n, 3, S, S) images to compare on, n != EXAMPLE_BATCH, and what they are."""
+    from turbotrain.datasets.object_store import is_url
     size = loaded.card.image_size
     images, where = None, ""
-    data = args.data or loaded.settings.get("data")
-    if data and Path(data).exists():
+    data = args.data
+    if not data and loaded.settings.get("data"):
+        # A run folder may be a stranger's: what it names is shown before it is read, and a
+        # URL in it is never fetched (eval's rule, docs/SECURITY.md).
+        data = loaded.settings["data"]
+        if is_url(data):
+            data = None
+        else:
+            print(printable(f"data: {data} (from {loaded.run_dir / 'config.yaml'}; --data "
+                            "chooses another)"))
+    if data and (is_url(data) or Path(data).exists()):
         images, where = _dataset_images(loaded, data)
     if images is None and args.images:
         images, where = _file_images(loaded, args.images)

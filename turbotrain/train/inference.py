@@ -137,19 +137,12 @@ def run_settings(run_dir: Path) -> dict:
     """The RUN_SETTINGS in RUNDIR/config.yaml (train's resolved values), each checked as its
     flag is; {} without the file. Other keys are ignored, so a run written by another version
     of train (more or fewer settings) still evaluates."""
-    import yaml
-
-    from turbotrain.datasets.untrusted import UnsafeInput, read_regular
-
-    from .config_files import MAX_CONFIG_BYTES
+    from .config_files import read_yaml
     from .config_flags import parse_value
     path = run_dir / "config.yaml"
     if not path.is_file():
         return {}
-    try:
-        loaded = yaml.safe_load(read_regular(path, MAX_CONFIG_BYTES))
-    except (UnsafeInput, OSError, yaml.YAMLError) as exc:
-        raise TrainError(f"{path}: not a readable run config ({exc})") from None
+    loaded = read_yaml(path)
     loaded = loaded if isinstance(loaded, dict) else {}
     settings = {}
     for name in RUN_SETTINGS:

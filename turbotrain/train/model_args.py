@@ -22,6 +22,10 @@ RESERVED = {"num_classes": "the dataset's class count", "pretrained": "--pretrai
             "weights": "--pretrained", "img_size": "--image-size"}
 MAX_ITEMS = 64  # a constructor takes a handful; a cap keeps a card from listing millions
 MAX_TEXT = 4096
+# A whole number or a float beyond +-2**31 is no width, depth, rate or size a constructor
+# takes; 10**400 would raise OverflowError inside it. Whether the numbers in range make a model
+# that fits is model_check's question (its parameter count, built on the meta device).
+MAX_MAGNITUDE = 2**31
 
 
 def parse_model_kwargs(text: str | None, where: str = "--model-kwargs") -> dict:
@@ -67,15 +71,15 @@ def check_model_kwargs(kwargs, where: str) -> dict:
             raise TrainError(f"{where}: {key} is set by turbotrain ({RESERVED[key]})")
         items = value if isinstance(value, list) else [value]
         if len(items) > MAX_ITEMS or not all(_plain(v) for v in items):
-            raise TrainError(f"{where}: {key} must be a number, boolean, string, null or a flat "
-                             "list of them")
+            raise TrainError(f"{where}: {key} must be a number (at most {MAX_MAGNITUDE:,} "
+                             "either way), boolean, string, null or a flat list of them")
     return kwargs
 
 
 def _plain(value) -> bool:
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return value is None or isinstance(value, (bool, int)) or (
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return math.isfinite(value) and abs(value) <= MAX_MAGNITUDE
+    return value is None or isinstance(value, bool) or (
         isinstance(value, str) and len(value) <= 256)
 
 

@@ -67,45 +67,46 @@ def model_choices() -> str:
 
 
 def get_model_spec(name: str, *, model_kwargs: dict | None = None,
-                   image_size: int | None = None) -> ModelSpec:
+                   image_size: int | None = None, where: str = "--model-kwargs") -> ModelSpec:
     """The spec of model `name`; `model_kwargs` (checked by model_args) go to its constructor,
     and a timm model that takes `img_size` is built for `image_size`. Arguments the model does
-    not take are one TrainError line naming --model-kwargs."""
+    not take are one TrainError line starting with `where` (a card says its file)."""
     _register_builtin()
     kwargs = dict(model_kwargs or {})
     if name in _MODELS:
-        return _own_spec(_MODELS[name], kwargs)
+        return _own_spec(_MODELS[name], kwargs, where)
     if name.startswith(TIMM_PREFIX):
-        return _timm_spec(name[len(TIMM_PREFIX):], kwargs, image_size)
+        return _timm_spec(name[len(TIMM_PREFIX):], kwargs, image_size, where)
     if name in torchvision_model_names():
-        return _torchvision_spec(name, kwargs)
+        return _torchvision_spec(name, kwargs, where)
     raise TrainError(f"unknown model {name!r}; choose one of: {model_choices()}")
 
 
-def _own_spec(spec: ModelSpec, kwargs: dict) -> ModelSpec:
+def _own_spec(spec: ModelSpec, kwargs: dict, where: str) -> ModelSpec:
     if not kwargs:
         return spec
     takes = [p for p in inspect.signature(spec.build).parameters if p != "num_classes"]
     unknown = sorted(set(kwargs) - set(takes))
     if unknown:
-        raise TrainError(f"--model-kwargs: {spec.name} takes "
+        raise TrainError(f"{where}: {spec.name} takes "
                          f"{', '.join(takes) if takes else 'no keyword arguments'}, not "
                          f"{', '.join(unknown)}")
     build = spec.build
+    _try_on_meta(spec.name, lambda n: build(n, **kwargs), where)
     return dataclasses.replace(spec, build=lambda n: build(n, **kwargs), kwargs=kwargs)
 
 
-def _try_on_meta(name: str, build: Callable[[int], nn.Module]) -> None:
+def _try_on_meta(name: str, build: Callable[[int], nn.Module], where: str) -> None:
     """Builds the net on the meta device (no memory, ~0.1 s for a ViT-B) so that arguments it
-    does not take fail now, in one line, rather than later inside the batch finder."""
-    try:
-        with torch.device("meta"):
-            build(2)
-    except TypeError as exc:
-        raise TrainError(f"--model-kwargs: {name} refuses them ({exc})") from None
+    refuses fail now, in one line, rather than later inside the batch finder, and arguments
+    that would make it larger than this machine's memory are refused before it exists
+    (model_check.py: the one check of every card and --model-kwargs)."""
+    from .model_check import check_fits_memory, net_on_meta
+    net = net_on_meta(name, build, 2, where)
+    check_fits_memory(name, net, where)
 
 
-def _torchvision_spec(name: str, kwargs: dict) -> ModelSpec:
+def _torchvision_spec(name: str, kwargs: dict, where: str) -> ModelSpec:
     import torchvision
 
     def build(num_classes: int) -> nn.Module:
@@ -118,14 +119,15 @@ def _torchvision_spec(name: str, kwargs: dict) -> ModelSpec:
                                             **{**extra, **kwargs})
 
     if kwargs:
-        _try_on_meta(name, build)
+        _try_on_meta(name, build, where)
     transformer = name.startswith(("vit_", "swin_"))
     # 0.1 per 256 images with SGD is torchvision's and Goyal et al.'s ResNet rate; 1e-4 decay.
     return ModelSpec(name, build, sgd_lr=0.1, weight_decay=1e-4, conv=not transformer,
                      family="torchvision", kwargs=kwargs)
 
 
-def _timm_spec(timm_name: str, kwargs: dict, image_size: int | None) -> ModelSpec:
+def _timm_spec(timm_name: str, kwargs: dict, image_size: int | None,
+               where: str) -> ModelSpec:
     try:
         import timm
     except ImportError:
@@ -149,15 +151,15 @@ def _timm_spec(timm_name: str, kwargs: dict, image_size: int | None) -> ModelSpe
             kwargs, note = sized, f"built with img_size={image_size}, the run's image size"
         except TypeError as exc:
             if "img_size" not in str(exc):
-                raise TrainError(f"--model-kwargs: {name} refuses them ({exc})") from None
+                raise TrainError(f"{where}: {name} refuses them ({exc})") from None
             note = (f"{name} takes no img_size (a conv net with a global pool: it runs at "
                     "any size)")
-        except (AssertionError, ValueError, RuntimeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - ValueError, AssertionError, ...: one line
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise TrainError(f"{name} cannot be built for {image_size} px images ({reason}); "
                              "choose another --image-size") from None
-    if "img_size" not in kwargs and kwargs:
-        _try_on_meta(name, builder(kwargs))
+    if kwargs:  # (with img_size: built above; this also bounds its size)
+        _try_on_meta(name, builder(kwargs), where)
     conv = not timm_name.startswith(("vit", "deit", "swin", "beit", "eva"))
     return ModelSpec(name, builder(kwargs), sgd_lr=0.1, weight_decay=1e-4, conv=conv,
                      family="timm", kwargs=kwargs, note=note)

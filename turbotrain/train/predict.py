@@ -29,14 +29,15 @@ with one line and exit code 2 (`--on-error fail`, the default, as prepare-datase
 `--on-error skip` is named on stderr (`turbotrain predict: skipped PATH: reason`) and the rest
 predicted (exit code 0; 2 when not one file could be read).
 
-Output: a CSV (stdout, or --out FILE written atomically): `path,class,prob` for the top class,
-then `class_2,prob_2` ... up to `--top-k`; paths and class names escaped (printable.py).
+Output: a CSV (stdout, or --out FILE written atomically; an existing FILE is replaced only
+with --overwrite): `path,class,prob` for the top class, then `class_2,prob_2` ... up to
+`--top-k`; paths and class names escaped (printable.py), and one that would start a formula
+in a spreadsheet (`=`, `+`, `-`, `@`) gets a leading `'` (OWASP's advice on CSV injection).
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import io
 import os
 import sys
 import time
@@ -48,7 +49,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from turbotrain.printable import printable
+from turbotrain.datasets.safe_create import existing_refusal, replacing
+from turbotrain.printable import printable, spreadsheet_cell
 
 from .errors import TrainError
 from .inference import (LoadedModel, add_model_arguments, apply_thread_plan, at_least,
@@ -71,7 +73,10 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"classes per image, most probable first (default "
                              f"{DEFAULT_TOP_K}; at most the model's classes)")
     parser.add_argument("--out", metavar="FILE",
-                        help="write the CSV here (default: stdout)")
+                        help="write the CSV here (default: stdout); an existing FILE is "
+                             "refused unless --overwrite")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --out FILE")
     parser.add_argument("--batch-size", type=at_least(1), default=None, metavar="N",
                         help=f"images per batch (default: the run's, else {DEFAULT_BATCH})")
     parser.add_argument("--workers", type=at_least(0), default=None, metavar="N",
@@ -92,6 +97,8 @@ def run_predict(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from turbotrain.datasets.sources import list_images
+    if args.out and not args.overwrite and os.path.lexists(args.out):  # before any work
+        raise TrainError(f"--out {existing_refusal(Path(args.out), '--overwrite')}")
     loaded = load_model(args)
     inputs = Inputs([list_images(path, allow_outside_root=args.allow_outside_root)
                      for path in args.inputs])
@@ -99,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
     say = (lambda line: print(printable(line), file=sys.stderr)) if stdout else \
         (lambda line: print(printable(line)))
     progress = sys.stderr.isatty() if args.progress is None else args.progress
-    with _csv_output(args.out) as out:
+    with _csv_output(args.out, args.overwrite) as out:
         stats = predict(loaded, inputs, out, top_k=args.top_k, batch_size=args.batch_size,
                         workers=args.workers, skip=args.on_error == "skip", progress=progress)
     say(describe(loaded))
@@ -270,7 +277,7 @@ def predict(loaded: LoadedModel, inputs: Inputs, out, *, top_k: int = DEFAULT_TO
     first = [inputs.name(i).lower() for i in range(min(len(inputs), batch_size))]
     jpeg_share = sum(n.endswith((".jpg", ".jpeg")) for n in first) / max(1, len(first))
     plan = apply_thread_plan(loaded.device, workers=workers, jpeg=jpeg_share > 0.1)
-    names = [printable(c) for c in card.classes]
+    names = [spreadsheet_cell(c) for c in card.classes]
     writer = csv.writer(out, lineterminator="\n")
     header = ["path", "class", "prob"] + [f"{what}_{r}" for r in range(2, k + 1)
                                           for what in ("class", "prob")]
@@ -304,7 +311,7 @@ def predict(loaded: LoadedModel, inputs: Inputs, out, *, top_k: int = DEFAULT_TO
                     writer.writerow(header)
                     header = None
                 for i, row_p, row_c in zip(numbers.tolist(), values, classes):
-                    writer.writerow([printable(inputs.name(i))] + [
+                    writer.writerow([spreadsheet_cell(inputs.name(i))] + [
                         item for c, p in zip(row_c, row_p) for item in (names[c], f"{p:.6f}")])
                 stats.predicted += len(values)
         finally:
@@ -316,29 +323,28 @@ def predict(loaded: LoadedModel, inputs: Inputs, out, *, top_k: int = DEFAULT_TO
 
 
 class _csv_output:
-    """stdout, or a temporary file beside `path` renamed over it when everything went well."""
+    """stdout, or a new file beside `path` renamed onto it when everything went well
+    (safe_create.replacing: nothing planted there is written through; without overwrite an
+    existing path is refused, even one that appeared while predicting)."""
 
-    def __init__(self, path: str | None):
+    def __init__(self, path: str | None, overwrite: bool):
         self.path = Path(path) if path else None
-        self.tmp = None
+        self.overwrite = overwrite
 
     def __enter__(self):
         if self.path is None:
             return sys.stdout
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self.replacing = replacing(self.path, newline="", overwrite=self.overwrite)
         try:
-            self.file = io.open(self.tmp, "w", newline="", encoding="utf-8")
+            return self.replacing.__enter__()
         except OSError as exc:
             raise TrainError(f"--out {self.path}: cannot write it ({exc.strerror})") from None
-        return self.file
 
     def __exit__(self, kind, value, traceback):
         if self.path is None:
             sys.stdout.flush()
             return False
-        self.file.close()
-        if kind is None:
-            os.replace(self.tmp, self.path)
-        else:
-            self.tmp.unlink(missing_ok=True)
-        return False
+        try:
+            return self.replacing.__exit__(kind, value, traceback)
+        except FileExistsError:
+            raise TrainError(f"--out {existing_refusal(self.path, '--overwrite')}") from None

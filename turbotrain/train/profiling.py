@@ -212,13 +212,15 @@ class TraceWindow:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         profiler.stop()
+        from turbotrain.datasets.safe_create import replacing_path, write_file
         trace = self.run_dir / TRACE_NAME
-        profiler.export_chrome_trace(str(trace))
+        with replacing_path(trace) as tmp:
+            profiler.export_chrome_trace(str(tmp))
         sort = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         table = profiler.key_averages().table(sort_by=sort, row_limit=TOP_OPERATORS)
         text = self.run_dir / PROFILE_TABLE_NAME
-        text.write_text(f"top {TOP_OPERATORS} operators by self time over "
-                        f"{self.recorded_steps} optimizer step(s); the batch fetch is "
-                        f"'{DATA_RANGE}'\n{table}\n")
+        write_file(text, f"top {TOP_OPERATORS} operators by self time over "
+                         f"{self.recorded_steps} optimizer step(s); the batch fetch is "
+                         f"'{DATA_RANGE}'\n{table}\n")
         self.written = [trace, text]
         return self.written

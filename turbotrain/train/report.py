@@ -11,6 +11,8 @@ import math
 import os
 from pathlib import Path
 
+from turbotrain.datasets.safe_create import open_append, replacing_path, write_file
+
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"
 CURVES_NAME = "curves.png"
@@ -45,12 +47,12 @@ class MetricsLog:
                     kept.append(line)
             elif record.get("step", 0) <= step:
                 kept.append(line)
-        self.path.write_text("".join(line + "\n" for line in kept))
+        write_file(self.path, "".join(line + "\n" for line in kept))
 
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
+        with open_append(self.path) as f:  # a link planted there is refused, not followed
             f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         if self.writer is not None:
             step = record.get("step", 0)
@@ -93,8 +95,8 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
 
 
 def write_summary(run_dir: str | os.PathLike, summary: dict) -> None:
-    path = Path(run_dir) / SUMMARY_NAME
-    path.write_text(json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2) + "\n")
+    write_file(Path(run_dir) / SUMMARY_NAME,
+               json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2) + "\n")
 
 
 def plot_curves(run_dir: str | os.PathLike) -> Path | None:
@@ -125,6 +127,9 @@ def plot_curves(run_dir: str | os.PathLike) -> Path | None:
         acc_ax.grid(alpha=0.3)
         loss_ax.grid(alpha=0.3)
     path = Path(run_dir) / CURVES_NAME
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    try:
+        with replacing_path(path) as tmp:
+            fig.savefig(tmp, dpi=90)
+    finally:
+        plt.close(fig)
     return path

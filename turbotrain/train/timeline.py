@@ -96,7 +96,11 @@ class StepTimeline:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
+        from turbotrain.datasets.safe_create import replacing_path
         path = Path(path)
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
+        try:
+            with replacing_path(path) as tmp:
+                fig.savefig(tmp, dpi=90)
+        finally:
+            plt.close(fig)
         return path

@@ -28,8 +28,11 @@ WEIGHTS_FORMAT = 1
 BEST_NAME = "best.safetensors"
 FINAL_NAME = "final.safetensors"
 CARD_KEY = "turbotrain"
-# A card holds class names: 200,000 of them (format.MAX_CLASSES) at 60 characters is ~13 MB.
-MAX_CARD_CHARS = 32 << 20
+# A card holds class names, as dataset.json does, and gets its cap (16 MiB: 200,000 names of
+# 60 characters are ~13 MB), which also bounds what json.loads allocates.
+MAX_CARD_CHARS = 16 << 20
+MAX_MODEL_NAME = 200
+MAX_INFO_ITEMS = 64
 
 
 @dataclass(frozen=True)
@@ -55,56 +58,82 @@ class ModelCard:
     @classmethod
     def from_json(cls, text: str, path: Path) -> ModelCard:
         """The card in a weights file's metadata, checked field by field (a file from elsewhere
-        is input like any other); TrainError naming the file otherwise."""
+        is input like any other): the ranges dataset.json's schema gives classes and pixel
+        statistics, model_kwargs as --model-kwargs are (model_args), info as plain values;
+        TrainError naming the file otherwise. Whether the model fits the file's tensors is
+        checked before it is built (read_safetensors, model_check.check_card_fits)."""
+        from turbotrain.datasets.format import MAX_CLASSES
+        from turbotrain.datasets.schema import MAX_CLASS_NAME_CHARS
+
+        from .model_args import check_model_kwargs
+
         def bad(what: str) -> TrainError:
             return TrainError(f"{path}: not a turbotrain weights file ({what})")
         if len(text) > MAX_CARD_CHARS:
-            raise bad("its card is too large")
+            raise bad(f"its card is {len(text) / 2**20:,.0f} MiB, over the "
+                      f"{MAX_CARD_CHARS >> 20} MiB a card may be")
         try:
             raw = json.loads(text)
-        except (ValueError, RecursionError):
+        except (ValueError, RecursionError, MemoryError):
             raise bad("its card is not valid JSON") from None
         if not isinstance(raw, dict) or raw.get("format") != WEIGHTS_FORMAT:
-            raise bad(f"card format {raw.get('format') if isinstance(raw, dict) else None!r}, "
-                      f"expected {WEIGHTS_FORMAT}")
-        classes = raw.get("classes")
-        if not isinstance(raw.get("model"), str) or not raw["model"]:
+            shown = raw.get("format") if isinstance(raw, dict) else None
+            raise bad(f"card format {printable(repr(shown))[:40]}, expected {WEIGHTS_FORMAT}")
+        model = raw.get("model")
+        if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_NAME:
             raise bad("no model name")
-        if not isinstance(classes, list) or not classes or not all(isinstance(c, str)
-                                                                   for c in classes):
-            raise bad("no class names")
+        classes = raw.get("classes")
+        if not isinstance(classes, list) or not classes or not all(
+                isinstance(c, str) and len(c) <= MAX_CLASS_NAME_CHARS for c in classes):
+            raise bad(f"no class names (a list of names of at most {MAX_CLASS_NAME_CHARS:,} "
+                      "characters)")
+        if len(classes) > MAX_CLASSES:
+            raise bad(f"{len(classes):,} class names, more than the {MAX_CLASSES:,} a dataset "
+                      "may have")
         size = raw.get("image_size")
         if type(size) is not int or not 1 <= size <= 4096:
-            raise bad(f"image size {size!r}")
+            raise bad(f"image size {printable(repr(size))[:40]}")
         stats = {}
         for key in ("mean", "std"):
             values = raw.get(key)
             if not isinstance(values, list) or len(values) != 3 or not all(
-                    type(v) in (int, float) and math.isfinite(v) for v in values):
-                raise bad(f"{key} is not 3 finite numbers")
+                    type(v) in (int, float) and math.isfinite(v) and 0 <= v <= 255
+                    for v in values):
+                raise bad(f"{key} is not 3 numbers in 0..255")
             stats[key] = tuple(float(v) for v in values)
         if not all(0 < v for v in stats["std"]):
             raise bad("std has a value <= 0")
-        kwargs, info = raw.get("model_kwargs", {}), raw.get("info", {})
-        if not isinstance(kwargs, dict) or not isinstance(info, dict):
-            raise bad("model_kwargs or info is not a mapping")
-        return cls(raw["model"], tuple(classes), size, stats["mean"], stats["std"], kwargs, info)
+        kwargs = check_model_kwargs(raw.get("model_kwargs", {}), f"{path}: its card's "
+                                    "model_kwargs")
+        info = raw.get("info", {})
+        if not (isinstance(info, dict) and len(info) <= MAX_INFO_ITEMS and all(
+                isinstance(k, str) and len(k) <= 100 and _plain_info(v)
+                for k, v in info.items())):
+            raise bad(f"info is not a mapping of at most {MAX_INFO_ITEMS} plain values")
+        return cls(model, tuple(classes), size, stats["mean"], stats["std"], kwargs, info)
 
 
-def save_weights(path: str | os.PathLike, model: torch.nn.Module, card: ModelCard) -> Path:
-    """Writes model's state (contiguous CPU copies) and the card; atomic: a temporary file in
-    the same folder, renamed over `path`, so a reader never sees half a file."""
+def _plain_info(value) -> bool:
+    """A value a card's provenance may hold: shown by eval/predict, never needed to run."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, (bool, int)) and abs(value) < 2**63 or (
+        isinstance(value, str) and len(value) <= 4096)
+
+
+def save_weights(path: str | os.PathLike, model: torch.nn.Module, card: ModelCard, *,
+                 overwrite: bool = True) -> Path:
+    """Writes model's state (contiguous CPU copies) and the card; atomic (safe_create: written
+    in a private folder beside `path`, renamed onto it), so a reader never sees half a file
+    and nothing planted at `path` is written through."""
     from safetensors.torch import save_file
+
+    from turbotrain.datasets.safe_create import replacing_path
     path = Path(path)
     state = {name: tensor.detach().to("cpu").contiguous()
              for name, tensor in model.state_dict().items()}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
+    with replacing_path(path, overwrite=overwrite) as tmp:
         save_file(state, str(tmp), metadata={CARD_KEY: card.to_json()})
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -140,10 +169,32 @@ def read_safetensors(path: Path, label: str, *, tensors: bool = True):
             metadata = f.metadata() or {}
             card = (ModelCard.from_json(metadata[CARD_KEY], path) if CARD_KEY in metadata
                     else None)
+            if card is not None:  # before a tensor is read or a module built
+                shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+                check_card(card, shapes, printable(str(path)))
             state = {name: f.get_tensor(name) for name in f.keys()} if tensors else {}
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise TrainError(f"{label}: not a readable safetensors file ({str(exc)[:200]})") from None
+    except (SafetensorError, OSError, ValueError, OverflowError, MemoryError) as exc:
+        raise TrainError(f"{label}: not a readable safetensors file "
+                         f"({printable(' '.join(str(exc).split()))[:200]})") from None
     return state, card
+
+
+def check_card(card: ModelCard, shapes: dict[str, tuple[int, ...]], label: str) -> None:
+    """The card must name a model this install builds, and that model (with the card's
+    classes and model_kwargs, built on the meta device) must hold exactly the file's
+    tensors: then building it for real allocates what the file already holds, and no more."""
+    from .model_check import check_card_fits
+    from .models import get_model_spec
+    try:
+        spec = get_model_spec(card.model, model_kwargs=card.model_kwargs,
+                              image_size=card.image_size,
+                              where=f"{label}: its card's model_kwargs")
+    except TrainError as exc:
+        if str(exc).startswith(label):
+            raise
+        raise TrainError(f"{label}: its card names a model this install cannot build ({exc})"
+                         ) from None
+    check_card_fits(card.model, spec.build, card.num_classes, shapes, label)
 
 
 def run_weights(source: str | os.PathLike) -> Path:
@@ -161,17 +212,10 @@ def run_weights(source: str | os.PathLike) -> Path:
 
 def load_classifier(source: str | os.PathLike, device: torch.device | str = "cpu"):
     """(Classifier in eval mode on `device`, card) from a run folder or a weights file."""
-    from .model_args import check_model_kwargs
     from .models import build_model, get_model_spec
     path = run_weights(source)
-    state, card = read_weights(path)
-    # The card's constructor arguments come from the file: the same check as --model-kwargs.
-    kwargs = check_model_kwargs(card.model_kwargs, f"{path}: its card's model_kwargs")
-    try:
-        spec = get_model_spec(card.model, model_kwargs=kwargs, image_size=card.image_size)
-    except TrainError as exc:
-        raise TrainError(f"{path}: its card names a model this install cannot build ({exc})"
-                         ) from None
+    state, card = read_weights(path)  # its card checked against its tensors (check_card)
+    spec = get_model_spec(card.model, model_kwargs=card.model_kwargs, image_size=card.image_size)
     model = build_model(spec, card.num_classes, card.mean, card.std)
     try:
         # assign=True: the module takes the file's tensors instead of copying them into its
