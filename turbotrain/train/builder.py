@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from turbotrain.datasets.untrusted import is_inside
-from turbotrain.pipeline import PipelineUnavailable, build_pipeline
+from turbotrain.pipeline import build_pipeline
 from turbotrain.pipeline.workers import after_pipeline
 from turbotrain.printable import printable
 
@@ -29,6 +29,7 @@ from .distributed import (DistEnv, broadcast_object, convert_sync_batchnorm,
 from .ema import ModelEMA
 from .errors import TrainError
 from .finetune import from_weights, optimizer_groups, start_model, weights_facts
+from .loader import Loader, open_planned, pipeline_options
 from .loop import StepEngine, make_engine
 from .mixing import mixer_for
 from .models import Classifier, build_model, deterministic_global_pools
@@ -157,36 +158,25 @@ def _search_batch(planned: Plan, num_classes: int, env: DistEnv) -> batch_finder
 
 def _open_pipelines(config: TrainConfig, facts: DatasetFacts, machine: Machine,
                     observed: Observed, splits: tuple, env: DistEnv,
-                    cleanup: contextlib.ExitStack) -> tuple[Plan, object, object | None]:
-    """Opens the planned train pipeline (with `--pipeline auto`, one that fails to open is
-    planned around: the next in the fallback order), then the val pipeline like it; returns
-    the plan made with what the opened pipeline says (its batches, its CPU workers)."""
+                    cleanup: contextlib.ExitStack) -> tuple[Plan, Loader, Loader | None]:
+    """Opens the planned train pipeline as a Loader (the object a user's own loop iterates;
+    with `--pipeline auto`, one that fails to open is planned around: the next in the fallback
+    order), then the val pipeline like it; returns the plan made with what the opened pipeline
+    says (its batches, its CPU workers)."""
     train_data, val_data = splits
-    while True:
-        planned = plan(config, facts, machine, observed)
-        name, c = planned.value("pipeline"), planned.config
-        options = dict(batch_size=c.batch_size, image_size=c.image_size, device=planned.device,
-                       seed=c.seed, rank=env.rank, world_size=env.world_size,
-                       workers=planned.budget.workers, worker_mode=c.worker_mode,
-                       scale=c.scale, ratio=c.ratio, order=c.order,
-                       order_window=c.order_window)
-        try:
-            train_pipeline = build_pipeline(name, train_data, train=True, **options)
-        except PipelineUnavailable as exc:
-            if config.pipeline != AUTO:
-                raise
-            observed = observed.replace(unopenable=(*observed.unopenable, (name, str(exc))))
-            continue
-        break
+    planned, train_pipeline, observed = open_planned(config, facts, machine, observed,
+                                                     train_data, env, plan)
     cleanup.callback(train_pipeline.close)
-    opened = OpenedPipeline(name, len(train_pipeline),
+    opened = OpenedPipeline(train_pipeline.name, len(train_pipeline),
                             getattr(train_pipeline, "cpu_workers", None))
     planned = plan(config, facts, machine, observed.replace(pipeline=opened))
-    val_pipeline = None
+    val_loader = None
     if val_data is not None:
-        val_pipeline = build_pipeline(name, val_data, train=False, **options)
+        val_pipeline = build_pipeline(planned.value("pipeline"), val_data, train=False,
+                                      **pipeline_options(planned, env))
         cleanup.callback(val_pipeline.close)
-    return planned, train_pipeline, val_pipeline
+        val_loader = Loader.opened(val_pipeline, planned, val_data)
+    return planned, Loader.opened(train_pipeline, planned, train_data), val_loader
 
 
 def _place_model(model: Classifier, planned: Plan, env: DistEnv, init_pipeline, decide

@@ -12,12 +12,13 @@ machine.py  Machine (cores, RAM, GPUs, CPU features, torchrun ranks) and its det
 facts.py    DatasetFacts (split sizes, image sides, JPEG share, classes, decoded bytes),
             WeightsFacts (what the starting weights' card says)
 rules.py    the rule for each setting, with the measurements behind it
-core.py     plan(): the rules applied in order; Observed, the measured inputs; Plan
+core.py     plan(): the rules applied in order; Observed, the measured inputs; Plan;
+            plan_loader(): the subset a Loader (train/loader.py) is opened with
 """
-from .core import ORDER, Observed, OpenedPipeline, Plan, plan
+from .core import ORDER, Observed, OpenedPipeline, Plan, plan, plan_loader
 from .facts import DatasetFacts, WeightsFacts
 from .machine import PRESETS, GpuInfo, Machine
 from .rules import BatchSearch, Decision
 
 __all__ = ["ORDER", "PRESETS", "BatchSearch", "DatasetFacts", "Decision", "GpuInfo", "Machine",
-           "Observed", "OpenedPipeline", "Plan", "WeightsFacts", "plan"]
+           "Observed", "OpenedPipeline", "Plan", "WeightsFacts", "plan", "plan_loader"]

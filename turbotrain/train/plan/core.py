@@ -128,10 +128,7 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     need = facts.resident_bytes(config.image_size)  # the resident store, and its budget here
     room = budget_of(gpu.free if gpu is not None else machine.ram_bytes, d["device"].value)
     pipeline = _pipeline(d, config, machine, observed, need, room)
-    config = config.replace(order=_decide(d, "order", rules.order(
-        config.order, pipeline=pipeline, stored_bytes=facts.stored_bytes,
-        ram_bytes=machine.ram_bytes, cache_limit=facts.cache_limit,
-        same_label_neighbours=facts.same_label_neighbours)))
+    config = config.replace(order=_order(d, config, facts, machine, pipeline))
     # The resident store is decoded after the batch is chosen: a search leaves it room.
     reserve = need if pipeline == "resident" and need <= room[0] else 0
     batch, search = _batch(d, config, facts, machine, spec, reserve, observed)
@@ -142,6 +139,41 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
                             workers=threads.workers, threads=threads.torch_threads)
     return Plan(config, machine, _ordered(d), spec=spec, budget=budget, threads=threads,
                 batch_search=search, steps_per_epoch=steps, total_steps=total)
+
+
+def plan_loader(config: TrainConfig, facts: DatasetFacts, machine: Machine,
+                observed: Observed = Observed()) -> Plan:
+    """The decisions a `Loader` (train/loader.py) is opened with, by the rules `plan` applies:
+    device, image size, pipeline, order, worker mode and the split of the cores. A loader has
+    no model, optimizer or schedule, so those rules are not asked (`batch_size` must be set)."""
+    d: dict[str, Decision] = {}
+    device = _decide(d, "device", rules.device(config.device, machine.gpus,
+                                                     machine.local_rank))
+    gpu = machine.gpu if device.type == "cuda" else None
+    size = config.image_size
+    if size is None:
+        size = _decide(d, "image_size", rules.image_size(facts.largest_side, facts.train_count,
+                                                         device.type))
+    config = config.replace(device=device.type, image_size=size)
+    need = facts.resident_bytes(size)
+    room = budget_of(gpu.free if gpu is not None else machine.ram_bytes, device)
+    pipeline = _pipeline(d, config, machine, observed, need, room)
+    config = config.replace(order=_order(d, config, facts, machine, pipeline))
+    mode = config.worker_mode
+    if mode == AUTO:
+        mode = _decide(d, "worker_mode", rules.worker_mode())
+    budget, threads = _threads(d, config, facts, machine, device.type, pipeline, observed)
+    config = config.replace(pipeline=pipeline, worker_mode=mode, workers=threads.workers,
+                            threads=threads.torch_threads)
+    return Plan(config, machine, _ordered(d), budget=budget, threads=threads)
+
+
+def _order(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine,
+           pipeline: str) -> str:
+    return _decide(d, "order", rules.order(
+        config.order, pipeline=pipeline, stored_bytes=facts.stored_bytes,
+        ram_bytes=machine.ram_bytes, cache_limit=facts.cache_limit,
+        same_label_neighbours=facts.same_label_neighbours))
 
 
 def _decide(d: dict, name: str, decision: Decision):
