@@ -322,3 +322,17 @@ def test_machine_detect_describes_this_box():
     assert "pytorch" in machine.pipelines
     assert (machine.gpus == ()) == (not torch.cuda.is_available())
     assert machine.describe().startswith("this machine: ")
+
+
+@pytest.mark.parametrize("row", ["cpu2-cifar", "cpu2-imagenet", "h200-imagenet"])
+def test_a_loader_is_planned_like_train(row):
+    """plan_loader (turbotrain.Loader) decides device, pipeline, order and threads as plan()
+    does for the same data and machine; it asks no model, batch or schedule rule."""
+    from turbotrain.train.plan import plan_loader
+    machine, facts, _ = ROWS[row]
+    config = TrainConfig(data="d", batch_size=64)
+    full, loader = plan(config, facts, machine), plan_loader(config, facts, machine)
+    for name in ("device", "pipeline", "order", "image_size", "threads"):
+        assert loader[name] == full[name], name
+    assert loader.budget == full.budget and loader.threads == full.threads
+    assert not {"model", "lr", "warmup_steps", "batch_size"} & set(loader.decisions)
