@@ -29,7 +29,7 @@ import lightning.pytorch as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from turbotrain import Loader, LoaderError
-from turbotrain.lightning import EpochLoader, TurbotrainDataModule
+from turbotrain.lightning import TurbotrainDataModule
 from turbotrain.train.models import InputStem
 
 from .train.tiny_data import write_tiny_dataset
