@@ -284,6 +284,46 @@ def render_ddp(data: dict, where: Where) -> Body:
     return body
 
 
+def render_loader(data: dict, where: Where) -> Body:
+    return _against_train(data, "loader", "`turbotrain.Loader` in a plain loop (forward, "
+                          "cross-entropy, backward, SGD step)")
+
+
+def render_lightning(data: dict, where: Where) -> Body:
+    body = _against_train(data, "lightning", "Lightning's `Trainer.fit` with "
+                          "`TurbotrainDataModule` (no logger, progress bar or checkpoints)")
+    profile = data.get("profile")
+    if profile:
+        body.lines.append(f"\nWhere the fit's {profile['fit_seconds']:.1f} s went (Lightning's "
+                          "SimpleProfiler, one more run; nested actions include their "
+                          "children):\n")
+        body.lines += md_table(["action", "seconds"], [[f"`{action}`", f"{seconds:.3f}"]
+                                                       for action, seconds in
+                                                       profile["actions"].items()])
+    elif data.get("profile_error"):
+        body.lines.append(f"\nThe profiled run failed: {data['profile_error']}\n")
+    return body
+
+
+def _against_train(data: dict, ours: str, what: str) -> Body:
+    """bench_loader.py / bench_lightning.py: `ours` against `train`, same settings."""
+    results = data.get("results", {})
+    rows = []
+    for name, label in ((ours, what), ("train", "the `train` command (its summary.json)")):
+        result = results.get(name, {})
+        rows.append([f"`{name}`", rate(result.get("images_per_second")) or _run_error(result),
+                     label])
+    body = Body([f"{data.get('model')} at {data.get('image_size')} px, batch "
+                 f"{data.get('batch_size')}, {data.get('precision')}, the "
+                 f"`{data.get('pipeline')}` pipeline on {data.get('images')} photos: "
+                 f"{data.get('steps')} steps of which {data.get('warmup_steps')} warm-up, best "
+                 f"of {data.get('rounds')} interleaved rounds, each in a fresh process. "
+                 f"{ours} / train: **{times(data.get('ratio')) or 'n/a'}**.\n"])
+    body.lines += md_table(["contender", "images/s", "what"], rows)
+    body.goals = recorded_goals(data, ours)
+    return body
+
+
 def render_predict(data: dict, where: Where) -> Body:
     results = data.get("results", {})
     body = Body([f"`turbotrain predict` on a folder of {data.get('images')} JPEGs "
@@ -544,6 +584,8 @@ SECTIONS = [
     Section("time_to_accuracy", "Time to 90 % on Fashion-MNIST (issue #5)",
             render_time_to_accuracy),
     Section("ddp", "Several processes (DDP)", render_ddp),
+    Section("loader", "Your own loop: turbotrain.Loader vs train", render_loader),
+    Section("lightning", "Lightning: TurbotrainDataModule vs train", render_lightning),
     Section("predict", "Using a model: predict vs the eval pipeline, and load time",
             render_predict),
     Section("order", "Sample order on a split larger than memory: quasi-random vs random",

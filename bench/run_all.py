@@ -59,6 +59,8 @@ SUITE = [
     Benchmark("train_precision", "bench_train_precision.py"),
     Benchmark("time_to_accuracy", "bench_time_to_accuracy.py"),
     Benchmark("ddp", "bench_ddp.py"),
+    Benchmark("loader", "bench_loader.py"),
+    Benchmark("lightning", "bench_lightning.py"),
     Benchmark("predict", "bench_predict.py"),
     Benchmark("order", "bench_order.py"),
     Benchmark("remote", "bench_remote.py"),

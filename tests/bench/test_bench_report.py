@@ -170,6 +170,20 @@ def fake_results(folder: Path) -> None:
                    {"what": "pytorch_quasi / pytorch_random", "ratio": None}],
         "goals": [{"what": "quasi-random vs random order, pytorch pipeline, split 4x the "
                            "page-cache limit", "ratio": None, "goal": 1.0, "met": None}]})
+    def against_train(ours: str, mine: float, train: float, **extra) -> dict:
+        return {"command": f"python bench/bench_{ours}.py", "images": 3000, "image_size": 64,
+                "batch_size": 64, "steps": 40, "warmup_steps": 1, "model": "airbench",
+                "precision": "fp32", "pipeline": "pytorch", "rounds": 2, "ratio": mine / train,
+                "results": {ours: {"images_per_second": mine, "runs": []},
+                            "train": {"images_per_second": train, "runs": []}},
+                "goals": [{"what": f"{ours} / train, images/s", "ratio": mine / train,
+                           "goal": 0.98 if ours == "loader" else 0.9,
+                           "met": mine / train >= (0.98 if ours == "loader" else 0.9)}],
+                **extra}
+    write("loader", against_train("loader", 99.0, 100.0))
+    write("lightning", against_train("lightning", 85.0, 100.0, profile={
+        "fit_seconds": 12.5, "actions": {"run_training_batch": 10.0,
+                                         "[Strategy]SingleDeviceStrategy.backward": 6.0}}))
     write("remote", {
         "command": "python bench/bench_remote.py", "shard_mib": 32, "shards": 4, "rounds": 3,
         "ratios": {"whole": 1.31, "metadata": 2.5, "warm_vs_local": 0.97,
@@ -211,7 +225,9 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
                     "## The compiled decode kernel",
                     "## Our pipeline engines", "## PIL decode + resize", "## Training step",
                     "## Time to 90 %",
-                    "## Several processes (DDP)", "## Using a model", "## Sample order",
+                    "## Several processes (DDP)", "## Your own loop: turbotrain.Loader vs train",
+                    "## Lightning: TurbotrainDataModule vs train", "## Using a model",
+                    "## Sample order",
                     "## Datasets in object storage", "## GPU"):
         assert heading in text
     # order: every contender, a failed one with its error, and a goal not measured
@@ -230,6 +246,12 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     assert "| `obstore` | 0.6.0 | 236 | 2.00 |" in text
     assert "obstore / s3fs: whole shards 1.31x, metadata 2.50x faster" in text
     assert text.count("| remote |") == 1
+    # loader and lightning against train: the rows, the goals, where Lightning's time went
+    assert "| loader | loader / train, images/s | >= 0.98x | 0.99x | met |" in text
+    assert "| lightning | lightning / train, images/s | >= 0.9x | 0.85x | **not met** |" in text
+    assert "| `train` | 100 | the `train` command (its summary.json) |" in text
+    assert "| `[Strategy]SingleDeviceStrategy.backward` | 6.000 |" in text
+    assert "Where the fit's 12.5 s went" in text
     assert "| predict | input 64 px: predict / eval pipeline | >= 0.9x | 0.92x | met |" in text
     assert "| predict | load a run (airbench, resnet50), seconds | < 2 s | 1.38 s | met |" in text
     assert "| input, 224 px | 1,190 | 1,254 | 0.95x |" in text
@@ -386,7 +408,7 @@ def test_run_all_records_absent_failed_and_ok_scripts(tmp_path, monkeypatch):
 def test_run_all_suite_names_every_benchmark_script():
     names = {b.name for b in run_all.SUITE}
     assert {"prepare", "pipelines", "engines", "pillow", "train_precision", "time_to_accuracy",
-            "ddp", "predict", "order", "remote", "gpu_check"} <= names
+            "ddp", "loader", "lightning", "predict", "order", "remote", "gpu_check"} <= names
     # every section of the report is a benchmark run_all runs
     assert {section.stem for section in report.SECTIONS} <= names
     for benchmark in run_all.SUITE:
