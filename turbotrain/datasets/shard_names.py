@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from .source_types import SourceError
+from .untrusted import outside_root_reason
 
 # Files one SOURCE may name (MAX_SHARDS of the output, schema.py): a pattern or folder that
 # lists more is refused before a file is opened.
@@ -95,21 +96,23 @@ def has_suffix(name: str, suffixes: tuple[str, ...]) -> bool:
     return name.lower().endswith(suffixes) and not name.startswith(".")
 
 
-def folder_shards(folder: Path, suffixes: tuple[str, ...]) -> dict[str, list[Path]] | None:
+def folder_shards(folder: Path, suffixes: tuple[str, ...],
+                  allow_outside_root: bool = False) -> dict[str, list[Path]] | None:
     """{split: shard files} of a folder of shards (the module docstring's rule); None when it
-    holds none, directly or in train/ (val/, test/)."""
-    direct = _shards_in(folder, suffixes)
+    holds none, directly or in train/ (val/, test/). A shard that is a symlink must resolve
+    inside the folder unless allow_outside_root, as an ImageFolder's files must."""
+    direct = _shards_in(folder, suffixes, folder, allow_outside_root)
     if direct:
         return split_by_name(direct, folder)
     if not (folder / "train").is_dir():
         return None
-    train = _shards_in(folder / "train", suffixes)
+    train = _shards_in(folder / "train", suffixes, folder, allow_outside_root)
     if not train:
         return None
     splits = {"train": train}
     for name in HELD_OUT:
         if (folder / name).is_dir():
-            held = _shards_in(folder / name, suffixes)
+            held = _shards_in(folder / name, suffixes, folder, allow_outside_root)
             if not held:
                 raise SourceError(f"{folder / name} holds no {'/'.join(suffixes)} shards, but "
                                   f"{folder / 'train'} does; add them or remove the folder")
@@ -118,11 +121,19 @@ def folder_shards(folder: Path, suffixes: tuple[str, ...]) -> dict[str, list[Pat
     return splits
 
 
-def _shards_in(folder: Path, suffixes: tuple[str, ...]) -> list[Path]:
+def _shards_in(folder: Path, suffixes: tuple[str, ...], root: Path,
+               allow_outside_root: bool) -> list[Path]:
+    """The shard names in folder. Anything so named that is not a folder is listed, a FIFO or a
+    device too: reading it is then refused in one line (open_regular), where skipping it would
+    lose a shard without a word."""
     found = []
     with os.scandir(folder) as entries:
         for entry in entries:
-            if has_suffix(entry.name, suffixes) and entry.is_file():
+            if has_suffix(entry.name, suffixes) and not entry.is_dir():
+                outside = (None if allow_outside_root or not entry.is_symlink()
+                           else outside_root_reason(entry.path, root))
+                if outside:
+                    raise SourceError(f"shard {entry.path} {outside}")
                 found.append(Path(entry.path))
                 if len(found) > MAX_SHARD_FILES:
                     raise SourceError(f"{folder} holds more than {MAX_SHARD_FILES:,} shard "

@@ -103,6 +103,9 @@ def _detect(path: Path, limits: Limits, allow_outside_root: bool, columns: Colum
                                  columns)
     if path.is_file():
         return _detect_file(path, limits, allow_outside_root, columns)
+    if not path.is_dir():  # never opened: a FIFO would block, a device never end
+        raise SourceError(f"SOURCE {path} is neither a regular file nor a folder (a named "
+                          f"pipe, a device or a socket)")
     if looks_like_cifar(path):
         return read_cifar_folder(path, limits)
     inside = [path / name for name in (CIFAR10_DIR, CIFAR100_DIR) if (path / name).is_dir()]
@@ -116,7 +119,7 @@ def _detect(path: Path, limits: Limits, allow_outside_root: bool, columns: Colum
     if is_hf_folder(path):
         return read_hf_folder(path, limits, columns)
     for suffixes in (WEBDATASET_SUFFIXES, HF_SUFFIXES):
-        shards = folder_shards(path, suffixes)
+        shards = folder_shards(path, suffixes, allow_outside_root)
         if shards:
             return _read_shard_files(shards, path, limits, columns)
     return _read_image_folder(path, limits, allow_outside_root)
