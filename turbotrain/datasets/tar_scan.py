@@ -67,6 +67,8 @@ def scan_shard(path: Path, limits: Limits,
                     _check_end(raw, tar.offset, file_size, path)
     except UnsafeInput as e:
         raise SourceError(f"{path}: {e}") from None
+    except SourceError:  # ours, already one line (a ValueError too: not to be wrapped)
+        raise
     except (tarfile.TarError, OSError, EOFError, ValueError) as e:
         # zlib.error and gzip's BadGzipFile reach us as tarfile.ReadError or OSError.
         reason = " ".join(str(e).split())[:200] or type(e).__name__
@@ -155,14 +157,15 @@ def _found(path: Path, key: str, image, labels: dict, position: int) -> Found:
 def parse_label(ext: str, raw: bytes, where: str) -> str:
     """A label member's text: digits for a class index, else a class name."""
     try:
-        if ext == "json":
-            return _json_label(json.loads(raw), where)
-        text = raw.decode("utf-8").strip()
+        value = json.loads(raw) if ext == "json" else None
+        text = "" if ext == "json" else raw.decode("utf-8").strip()
     except RecursionError:
         raise SourceError(f"{where}: the JSON is nested too deeply") from None
     except ValueError as e:  # UnicodeDecodeError, JSONDecodeError, a 5,000-digit integer
         reason = " ".join(str(e).split())[:120]
         raise SourceError(f"{where}: not a readable label ({reason})") from None
+    if ext == "json":
+        return _json_label(value, where)
     if not text:
         raise SourceError(f"{where}: the label is empty")
     if ext == "cls" and not text.isdecimal():
