@@ -52,6 +52,7 @@ class Benchmark:
 
 SUITE = [
     Benchmark("prepare", "bench_prepare.py"),
+    Benchmark("sources", "bench_sources.py"),
     Benchmark("pipelines", "bench_pipelines.py"),
     Benchmark("kernel", "bench_kernel.py"),
     Benchmark("engines", "bench_engines.py"),

@@ -40,7 +40,10 @@ def _fail(prog: str, message: str) -> int:
 # -- prepare ------------------------------------------------------------------------------------
 def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="raw dataset: ImageFolder, CIFAR folder/.tar.gz, MNIST idx "
-                                  "folder, .npz, or a CSV/TSV of path,label")
+                                  "folder, .npz, a CSV/TSV of path,label, WebDataset shards "
+                                  "(a .tar, a folder, or a pattern like 'train-{0000..0009}"
+                                  ".tar'), or a Hugging Face save_to_disk folder / Parquet / "
+                                  "Arrow files")
     p.add_argument("out", help="output folder (dataset.json + one .beton per split)")
     p.add_argument("--encoding", choices=["auto", "jpeg", "raw"], default="auto",
                    help=f"auto: raw pixels for images <= {SMALL_IMAGE_MAX_SIDE} px, JPEG "
@@ -57,6 +60,11 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing OUT that prepare-dataset made (never any other "
                         "folder); with --part: redo that part's files only")
+    hf = p.add_argument_group("Hugging Face sources (Parquet, Arrow, save_to_disk)")
+    hf.add_argument("--image-column", metavar="NAME", default=None,
+                    help="the column of images (default: image, else img)")
+    hf.add_argument("--label-column", metavar="NAME", default=None,
+                    help="the column of labels (default: label, else labels)")
     shards = p.add_argument_group("shards and parts (docs/FORMAT.md)")
     shards.add_argument("--shard-size", metavar="SIZE", default=None,
                         help="write each split as numbered .beton shards of about SIZE of "
@@ -106,7 +114,8 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
                              workers=args.workers, val_fraction=args.val_fraction,
                              on_error=args.on_error, overwrite=args.overwrite, progress=progress,
                              limits=limits, allow_outside_root=args.allow_outside_root,
-                             shard_size=shard_size, part=part)
+                             shard_size=shard_size, part=part, image_column=args.image_column,
+                             label_column=args.label_column)
     try:
         info = prepare_dataset(args.source, args.out, options)
     except PrepareError as e:

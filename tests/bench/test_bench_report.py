@@ -30,6 +30,13 @@ def fake_results(folder: Path) -> None:
                       "ffcv_images_per_second": 617.0, "speedup": 2.0,
                       "goals": [{"what": "prepare-dataset / FFCV DatasetWriter", "ratio": 2.0,
                                  "goal": 1.5, "met": True}]})
+    write("sources", {"images": 2000, "images_per_second": {
+        "imagefolder": 300.0, "webdataset": 330.0, "parquet": 240.0},
+        "ratios": {"webdataset": 1.1, "parquet": 0.8},
+        "goals": [{"what": "prepare from webdataset / from ImageFolder", "ratio": 1.1,
+                   "goal": 0.9, "met": True},
+                  {"what": "prepare from parquet / from ImageFolder", "ratio": 0.8,
+                   "goal": 0.9, "met": False}]})
     write("pipelines", {
         "command": ".venv/bin/python bench/bench_pipelines.py --rounds 3", "workers": 2,
         "rounds": 3, "photos": {"images": 300, "size": "500x375 q90", "batch_size": 64,
@@ -252,6 +259,11 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     assert "| `train` | 100 | the `train` command (its summary.json) |" in text
     assert "| `[Strategy]SingleDeviceStrategy.backward` | 6.000 |" in text
     assert "Where the fit's 12.5 s went" in text
+    # sources: every kind's rate beside the ImageFolder's, and both goals
+    assert "| webdataset | 330 | 1.10x |" in text and "| imagefolder | 300 | 1.00x |" in text
+    assert ("| sources | prepare from parquet / from ImageFolder | >= 0.9x | 0.80x | "
+            "**not met** |") in text
+    assert "## Conversion speed by source" in text
     assert "| predict | input 64 px: predict / eval pipeline | >= 0.9x | 0.92x | met |" in text
     assert "| predict | load a run (airbench, resnet50), seconds | < 2 s | 1.38 s | met |" in text
     assert "| input, 224 px | 1,190 | 1,254 | 0.95x |" in text
@@ -408,7 +420,8 @@ def test_run_all_records_absent_failed_and_ok_scripts(tmp_path, monkeypatch):
 def test_run_all_suite_names_every_benchmark_script():
     names = {b.name for b in run_all.SUITE}
     assert {"prepare", "pipelines", "engines", "pillow", "train_precision", "time_to_accuracy",
-            "ddp", "loader", "lightning", "predict", "order", "remote", "gpu_check"} <= names
+            "ddp", "loader", "lightning", "predict", "order", "remote", "sources",
+            "gpu_check"} <= names
     # every section of the report is a benchmark run_all runs
     assert {section.stem for section in report.SECTIONS} <= names
     for benchmark in run_all.SUITE:

@@ -2,11 +2,13 @@
 
     python tests/security/fuzz_sources.py WORKDIR ROUNDS SEED
 
-For each kind (idx raw and gzipped, .npz, CIFAR pickles, the CIFAR .tar.gz, CSV lists, and the
-image formats a folder may hold) it writes a valid small source, then ROUNDS mutated copies
-(bytes flipped or overwritten with extreme values near the start, where the headers are, or the
-file cut short), and reads each as prepare-dataset does: detect_source, then load and encode a
-few samples. The only acceptable outcomes are success or our own one-line errors; it prints one
+For each kind (idx raw and gzipped, .npz, CIFAR pickles, the CIFAR .tar.gz, CSV lists, the
+image formats a folder may hold, WebDataset .tar and .tar.gz shards written by webdataset's
+TarWriter, and Parquet and Arrow files written by `datasets`) it writes a valid small source,
+then ROUNDS mutated copies (bytes flipped or overwritten with extreme values near the start,
+where the headers are, or near the end for Parquet, whose footer is there, or the file cut
+short), and reads each as prepare-dataset does: detect_source, then load and encode a few
+samples. The only acceptable outcomes are success or our own one-line errors; it prints one
 JSON line: {"cases": N, "problems": [...]}, each problem naming the kind, round and exception.
 """
 from __future__ import annotations
@@ -37,11 +39,15 @@ EXTREMES = (b"\xff\xff\xff\xff", b"\x7f\xff\xff\xff", b"\x00\x00\x00\x00", b"\x8
             b"\xff", b"\x00", b"9999999999", b"-1", b"(", b"\n", b"\x1b[2J")
 
 
-def mutate(data: bytes, rng: np.random.Generator, head: int = 256) -> bytes:
-    """One random change, mostly within the first `head` bytes (the headers)."""
+def mutate(data: bytes, rng: np.random.Generator, head: int = 256,
+           from_end: bool = False) -> bytes:
+    """One random change, mostly within the first `head` bytes (the headers), or the last
+    ones with from_end."""
     data = bytearray(data)
     choice = rng.integers(4)
     at = int(rng.integers(0, max(1, min(head, len(data)))))
+    if from_end:
+        at = max(0, len(data) - 1 - at)
     if choice == 0:
         data[at] ^= 1 << int(rng.integers(8))
     elif choice == 1:
@@ -130,13 +136,48 @@ def csv_source(folder: Path) -> Path:
     return folder / "list.csv"
 
 
+def webdataset_source(folder: Path, compress: bool) -> Path:
+    """A shard laid out as webdataset's TarWriter writes one (KEY.ext members, a key's members
+    together). Written with tarfile: importing webdataset imports torch, which does not fit in
+    this child's address space; tests/datasets build theirs with the real TarWriter."""
+    path = folder / ("train-0.tar.gz" if compress else "train-0.tar")
+    with tarfile.open(path, "w:gz" if compress else "w", format=tarfile.GNU_FORMAT) as tar:
+        for k in range(3):
+            label = ("cls", str(k).encode()) if k != 1 else ("json", b'{"label": 1}')
+            for ext, data in (("png", image_bytes("PNG")), label):
+                info = tarfile.TarInfo(f"s{k}.{ext}")
+                info.size, info.mode = len(data), 0o444
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def hf_source(folder: Path, parquet: bool) -> Path:
+    from datasets import ClassLabel, Dataset, Features, Image as HFImage
+    data = {"image": [{"bytes": image_bytes("PNG"), "path": None}] * 3, "label": [0, 1, 2]}
+    dataset = Dataset.from_dict(data, features=Features({"image": HFImage(),
+                                                         "label": ClassLabel(names=list("abc"))}))
+    if parquet:
+        dataset.to_parquet(str(folder / "train.parquet"))
+        return folder / "train.parquet"
+    dataset.save_to_disk(str(folder / "disk"))
+    return next((folder / "disk").glob("*.arrow"))
+
+
 KINDS = {
     "idx": lambda f: idx_source(f, False), "idx.gz": lambda f: idx_source(f, True),
     "npz": lambda f: npz_source(f, False), "npz-compressed": lambda f: npz_source(f, True),
     "cifar-pickle": cifar_pickle_source, "cifar-tar": cifar_tar_source, "csv": csv_source,
     **{f"image-{fmt}": (lambda f, fmt=fmt: image_folder_source(f, fmt))
        for fmt in ("PNG", "JPEG", "GIF", "BMP", "WEBP", "TIFF")},
+    "webdataset-tar": lambda f: webdataset_source(f, False),
+    "webdataset-tgz": lambda f: webdataset_source(f, True),
+    "parquet": lambda f: hf_source(f, True), "arrow": lambda f: hf_source(f, False),
 }
+# Where each kind's headers are: the number of leading bytes mutated (tar: the first members'
+# headers and labels), or the trailing ones (Parquet's footer).
+HEAD_BYTES = {"cifar-tar": 600, "webdataset-tar": 2600, "webdataset-tgz": 300,
+              "arrow": 1200, "parquet": 1500}
+FROM_END = {"parquet"}
 
 
 def read_like_prepare(source_path: Path) -> None:
@@ -158,10 +199,13 @@ def fuzz(workdir: Path, rounds: int, seed: int) -> dict:
         source = folder if kind.startswith(("idx", "cifar-pickle", "image")) else target
         if kind == "cifar-pickle":
             source = folder / "cifar-10-batches-py"
+        if kind == "arrow":
+            source = target.parent  # the save_to_disk folder
         read_like_prepare(source)  # the unmutated source must read
         rng = np.random.default_rng([seed, k])
         for round_ in range(rounds):
-            target.write_bytes(mutate(valid, rng, head=600 if kind == "cifar-tar" else 256))
+            target.write_bytes(mutate(valid, rng, head=HEAD_BYTES.get(kind, 256),
+                                      from_end=kind in FROM_END))
             cases += 1
             try:
                 read_like_prepare(source)

@@ -40,6 +40,21 @@ def looks_like_cifar(folder: Path) -> str | None:
     return None
 
 
+def is_cifar_archive(archive: Path, downloaded_names: tuple[str, ...]) -> bool:
+    """Whether a .tar/.tar.gz is a CIFAR archive (the downloaded name, or a first member under
+    cifar-10-batches-py/ or cifar-100-python/) rather than a WebDataset shard. Reads one
+    header; an unreadable archive is left to the WebDataset reader's one-line error."""
+    if archive.name.lower() in downloaded_names:
+        return True
+    try:
+        with open_regular(archive) as f, tarfile.open(fileobj=f, mode="r|*") as tar:
+            first = tar.next()
+    except (tarfile.TarError, OSError, EOFError, ValueError, zlib.error, UnsafeInput):
+        return False
+    top = first.name.removeprefix("./").partition("/")[0] if first else ""
+    return top in (CIFAR10_DIR, CIFAR100_DIR)
+
+
 def cifar_members(kind: str) -> tuple[str, ...]:
     if kind == "cifar10":
         return (*CIFAR10_TRAIN, "test_batch", "batches.meta")

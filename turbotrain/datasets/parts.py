@@ -117,6 +117,7 @@ def agreement(source: dict, encoding: dict, options, plans: dict[str, SplitPlan]
         "encoding": encoding,
         "options": {"on_error": options.on_error, "seed": options.seed,
                     "allow_outside_root": options.allow_outside_root,
+                    "image_column": options.image_column, "label_column": options.label_column,
                     "limits": dataclasses.asdict(options.limits)},
         "plan": {split: {"shards": plan.num_shards, "samples": int(plan.bounds[-1]),
                          "sha256": plan.digest()} for split, plan in plans.items()},

@@ -66,6 +66,8 @@ class PrepareOptions:
     allow_outside_root: bool = False  # read CSV rows / symlinks that lead outside SOURCE
     shard_size: int | None = None     # bytes of source per shard (shard_plan.py); None: one file
     part: tuple[int, int] | None = None  # (i, N): only part i's shards, plus its manifest
+    image_column: str | None = None   # a Hugging Face source's columns (hf_sources.py);
+    label_column: str | None = None   # None: image/img, label/labels
 
 
 # -- worker side -------------------------------------------------------------------------------
@@ -97,16 +99,19 @@ def _init_worker(split_source, options: PrepareOptions, in_pool: bool = False) -
     _WORKER_SPLIT, _WORKER_OPTIONS = split_source, options
 
 
-def _encode_range(bounds: tuple[int, int]) -> list:
+def _encode_range(task: tuple[tuple[int, int], list | None]) -> list:
     """Encodes samples [start, stop) of the worker's split: per sample either
-    ("ok", EncodedSample) or ("error", name, reason)."""
+    ("ok", EncodedSample) or ("error", name, reason). The task carries the samples' bytes
+    when the split is read in order by the parent (SplitSource.in_order_only), else None."""
     from .images import ImageError, encode_sample
-    start, stop = bounds
+    (start, stop), payloads = task
     out = []
     for i in range(start, stop):
         name = _WORKER_SPLIT.name(i)
         try:
-            source = _WORKER_SPLIT.load(i)
+            source = _WORKER_SPLIT.load(i) if payloads is None else payloads[i - start]
+            if isinstance(source, UnsafeInput):
+                raise source
             sample = encode_sample(source, encoding=_WORKER_OPTIONS.encoding,
                                    max_side=_WORKER_OPTIONS.max_side,
                                    quality=_WORKER_OPTIONS.quality)
@@ -124,14 +129,32 @@ def _chunks(ranges: list[tuple[int, int]]):
     return [(s, min(s + CHUNK, stop)) for start, stop in ranges for s in range(start, stop, CHUNK)]
 
 
+def _tasks(split_source, chunks: list[tuple[int, int]]):
+    """(bounds, payloads) per chunk: payloads None (the worker loads them), or, for a split
+    read in order, the bytes the parent read. A source that fails mid-stream is a
+    PrepareError."""
+    if not split_source.in_order_only:
+        yield from ((bounds, None) for bounds in chunks)
+        return
+    from .source_types import SourceError
+    feed = split_source.read_in_order(chunks)
+    for bounds in chunks:
+        try:
+            payloads = next(feed)
+        except SourceError as e:
+            raise PrepareError(str(e)) from e
+        yield bounds, payloads
+
+
 def _encoded_chunks(split_source, options: PrepareOptions, workers: int,
                     ranges: list[tuple[int, int]]):
     """Yields each chunk's results in source order, encoded by `workers` processes."""
     chunks = _chunks(ranges)
+    tasks = _tasks(split_source, chunks)
     if workers <= 1:
         _init_worker(split_source, options)
-        for bounds in chunks:
-            yield _encode_range(bounds)
+        for task in tasks:
+            yield _encode_range(task)
         return
     # fork: workers inherit the (possibly large, array-backed) source without pickling it.
     # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (OOM killer, a crash in
@@ -147,7 +170,7 @@ def _encoded_chunks(split_source, options: PrepareOptions, workers: int,
         next_chunk = 0
         while next_chunk < len(chunks) or pending:
             while next_chunk < len(chunks) and len(pending) < workers * IN_FLIGHT_PER_WORKER:
-                pending.append(pool.submit(_encode_range, chunks[next_chunk]))
+                pending.append(pool.submit(_encode_range, next(tasks)))
                 next_chunk += 1
             try:
                 yield pending.popleft().result()
@@ -209,7 +232,7 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
                     options: PrepareOptions = PrepareOptions()) -> dict:
     """Converts SOURCE into a prepared dataset at OUT; returns the dataset.json content (with
     --part: the part manifest's content, and OUT gets no dataset.json until `merge`)."""
-    from .sources import SourceError, detect_source, shuffled_train, with_val_split
+    from .sources import Columns, SourceError, detect_source, shuffled_train, with_val_split
 
     out = Path(out).absolute()
     _check_options(options)
@@ -220,7 +243,8 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
             check_part_output(out, Path(source_path).expanduser().absolute(), options.part,
                               options.overwrite)
         source = detect_source(source_path, options.limits,
-                               allow_outside_root=options.allow_outside_root)
+                               allow_outside_root=options.allow_outside_root,
+                               columns=Columns(options.image_column, options.label_column))
         if options.val_fraction:
             source = with_val_split(source, options.val_fraction, seed=options.seed)
         if options.shard_size is not None:  # shards of mixed classes (shuffled_train)

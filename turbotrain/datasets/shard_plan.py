@@ -58,6 +58,9 @@ def parse_part(text: str) -> tuple[int, int]:
 
 def estimated_sizes(split: SplitSource) -> np.ndarray:
     """Each sample's source bytes (int64), known without encoding it."""
+    own = split.estimated_sizes()  # the tar index's member sizes, HF rows' value sizes
+    if own is not None:
+        return own
     if isinstance(split, ArraySplit):
         height, width = split.images.shape[1:3]
         return np.full(len(split), height * width * 3, dtype=np.int64)

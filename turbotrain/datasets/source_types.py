@@ -1,9 +1,10 @@
 """What a SOURCE path is read into: a `Source` of named `SplitSource`s, each a list of samples.
 
-Two kinds of split: `FileSplit` (one image file per sample: ImageFolder, CSV lists) and
-`ArraySplit` (pixels already in memory: CIFAR, MNIST idx, .npz). Both are plain data, no open
-handles, so prepare-dataset can hand them to worker processes by fork or pickle. Array sources
-are small (CIFAR-10: 180 MB, MNIST: 55 MB) and are loaded once, up front.
+Two kinds of split here: `FileSplit` (one image file per sample: ImageFolder, CSV lists) and
+`ArraySplit` (pixels already in memory: CIFAR, MNIST idx, .npz); WebDataset shards and Hugging
+Face Arrow/Parquet files have theirs beside their readers (webdataset.py, hf_splits.py). All are
+plain data, no open handles, so prepare-dataset can hand them to worker processes by fork or
+pickle. Array sources are small (CIFAR-10: 180 MB, MNIST: 55 MB) and are loaded once, up front.
 """
 from __future__ import annotations
 
@@ -51,6 +52,35 @@ class SplitSource(ABC):
     @abstractmethod
     def subset(self, indices: np.ndarray) -> SplitSource:
         """The samples at `indices`, in that order (used to carve a val split)."""
+
+    # A split that can only be read front to back (a .tar.gz stream) sets this: prepare's
+    # parent then reads it with `read_in_order` and hands the bytes to the workers, instead of
+    # each worker calling `load` on its own chunk.
+    in_order_only = False
+
+    def read_in_order(self, chunks: list[tuple[int, int]]):
+        """Yields, per [start, stop) chunk (increasing, non-overlapping), a list with each
+        sample's image bytes, or an UnsafeInput for a sample that must not be read. Raises
+        SourceError when the source itself cannot be read any more."""
+        for start, stop in chunks:
+            yield [_loaded(self, i) for i in range(start, stop)]
+
+    def estimated_sizes(self) -> np.ndarray | None:
+        """Each sample's source bytes (int64) for the shard plan, when known without reading
+        the images; None: shard_plan's own estimate for file and array splits."""
+        return None
+
+    def largest_heads(self, count: int, nbytes: int) -> list[tuple[str, bytes]]:
+        """(name, first nbytes) of about the `count` largest samples, whose image headers
+        bound a worker's memory (worker_memory.py); [] when unknown without reading them."""
+        return []
+
+
+def _loaded(split: SplitSource, i: int):
+    try:
+        return split.load(i)
+    except UnsafeInput as e:
+        return e
 
 
 @dataclass(eq=False)
@@ -126,7 +156,7 @@ class ArraySplit(SplitSource):
 @dataclass(eq=False)
 class Source:
     """A detected SOURCE: its kind, classes and splits ('train' and/or 'val')."""
-    kind: str                     # imagefolder, cifar10, cifar100, idx, npz, csv
+    kind: str                     # imagefolder, cifar10, cifar100, idx, npz, csv, webdataset, hf
     path: Path
     classes: list[str]
     splits: dict[str, SplitSource]

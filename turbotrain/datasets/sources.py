@@ -1,10 +1,16 @@
-"""Finding the images and labels in a SOURCE path: `detect_source`, and `with_val_split`.
+"""Finding the images and labels in a SOURCE path: `detect_source` (the val split and the stored
+order: split_order.py, re-exported here).
 
 `detect_source(path)` decides what the path is by these checks, first match wins:
 
 1. `path` does not exist -> SourceError.
+0. `path` does not exist but holds a brace pattern (`data/train-{000000..000009}.tar`): the
+   WebDataset shards or Parquet/Arrow files it names (shard_names.py).
 2. `path` is a file:
-   - `.tar.gz`, `.tgz`, `.tar`: a CIFAR-10/100 "python version" archive, read in place;
+   - `.tar.gz`, `.tgz`, `.tar`: a CIFAR-10/100 "python version" archive, read in place, when
+     it is named so or its first member is under `cifar-10-batches-py/` or `cifar-100-python/`;
+     else one WebDataset shard (webdataset.py);
+   - `.parquet`, `.arrow`: Hugging Face rows of images and labels (hf_sources.py);
    - `.npz`: arrays `images` + `labels` (optional `classes`, `val_images` + `val_labels`);
    - `.csv`, `.tsv`, `.txt`: a list of `path,label` rows (paths relative to the list's folder);
    - an idx file (`train-images-idx3-ubyte.gz`, ...): the idx set in its folder.
@@ -15,6 +21,9 @@
       `cifar-10-python.tar.gz` / `cifar-100-python.tar.gz`;
    c. MNIST-style idx files: `[prefix]train-images-idx3-ubyte[.gz]`, `...-labels-idx1-...`, and
       `t10k-` (or `test-`) ones for val (MNIST, Fashion-MNIST, KMNIST, EMNIST);
+   c2. a Hugging Face `save_to_disk` folder (`state.json` or `dataset_dict.json`);
+   c3. WebDataset shards (`.tar`, `.tar.gz`, `.tgz`), else `.parquet`/`.arrow` files, in the
+      folder or in its `train/` and `val/` (or `test/`) subfolders;
    d. ImageFolder: `train/` (and `val/`, or else `test/`, stored as "val") holding one
       subfolder per class; otherwise the class subfolders directly (one split, "train").
       Images are found recursively inside a class folder; classes are sorted by name and are
@@ -31,21 +40,28 @@ from __future__ import annotations
 
 import csv
 import os
-import re
 from pathlib import Path
 
 import numpy as np
 
 from turbotrain.datasets.array_sources import IDX_NAME, find_idx_files, read_idx_folder, read_npz
-from turbotrain.datasets.cifar import (CIFAR10_DIR, CIFAR100_DIR, looks_like_cifar,
-                                       read_cifar_archive, read_cifar_folder)
+from turbotrain.datasets.cifar import (CIFAR10_DIR, CIFAR100_DIR, is_cifar_archive,
+                                       looks_like_cifar, read_cifar_archive, read_cifar_folder)
+from turbotrain.datasets.class_labels import classes_and_labels
 from turbotrain.datasets.format import MAX_CLASSES
+from turbotrain.datasets.hf_sources import HF_SUFFIXES, Columns, is_hf_folder, read_hf_folder, \
+    read_hf_files
+from turbotrain.datasets.shard_names import folder_shards, is_pattern, pattern_files, \
+    split_by_name
 from turbotrain.datasets.source_types import (ArraySplit, FileSplit, Source, SourceError,
                                               SplitSource)
+from turbotrain.datasets.split_order import shuffled_order, shuffled_train, with_val_split
 from turbotrain.datasets.untrusted import Limits, UnsafeInput, outside_root_reason, read_regular
+from turbotrain.datasets.webdataset import WEBDATASET_SUFFIXES, read_webdataset
 
-__all__ = ["ArraySplit", "FileSplit", "Limits", "Source", "SourceError", "SplitSource",
-           "IMAGE_EXTENSIONS", "detect_source", "list_images", "with_val_split"]
+__all__ = ["ArraySplit", "Columns", "FileSplit", "Limits", "Source", "SourceError", "SplitSource",
+           "IMAGE_EXTENSIONS", "detect_source", "list_images", "shuffled_order", "shuffled_train",
+           "with_val_split"]
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
@@ -58,29 +74,41 @@ PATH_COLUMNS = {"path", "file", "filename", "file_name", "filepath", "image", "i
 LABEL_COLUMNS = {"label", "class", "class_name", "target", "category", "y"}
 
 NO_IMAGES_HINT = ("expected class subfolders (ImageFolder), CIFAR batches, MNIST idx files, "
-                  "a .npz or a CSV/TSV list")
+                  "a .npz, a CSV/TSV list, WebDataset .tar shards or Hugging Face "
+                  "Parquet/Arrow files")
 
 
 def detect_source(path: str | os.PathLike, limits: Limits = Limits(), *,
-                  allow_outside_root: bool = False) -> Source:
+                  allow_outside_root: bool = False, columns: Columns = Columns()) -> Source:
     """Read SOURCE's layout (file lists, or arrays for array formats); see the module docstring
-    for the order of checks. Raises SourceError with one line saying what is wrong."""
+    for the order of checks. `columns`: the image and label columns of a Hugging Face source.
+    Raises SourceError with one line saying what is wrong."""
     path = Path(path).expanduser()
-    if not path.exists():
+    if not path.exists() and not is_pattern(path):
         raise SourceError(f"SOURCE {path} does not exist")
     try:
-        return _detect(path, limits, allow_outside_root)
+        source = _detect(path, limits, allow_outside_root, columns)
     except UnsafeInput as e:
         raise SourceError(f"SOURCE {path}: {e}") from None
     except OSError as e:  # permissions, a file vanishing mid-listing, a broken mount
         raise SourceError(f"cannot read SOURCE {path}: {e}") from e
     except RecursionError:  # a folder tree nested thousands deep
         raise SourceError(f"SOURCE {path} is nested too deeply to list") from None
+    if columns != Columns() and source.kind != "hf":
+        raise SourceError(f"--image-column and --label-column are for Parquet/Arrow (Hugging "
+                          f"Face) sources; SOURCE {path} is {source.kind}")
+    return source
 
 
-def _detect(path: Path, limits: Limits, allow_outside_root: bool) -> Source:
+def _detect(path: Path, limits: Limits, allow_outside_root: bool, columns: Columns) -> Source:
+    if not path.exists():
+        return _read_shard_files(split_by_name(pattern_files(str(path)), path), path, limits,
+                                 columns)
     if path.is_file():
-        return _detect_file(path, limits, allow_outside_root)
+        return _detect_file(path, limits, allow_outside_root, columns)
+    if not path.is_dir():  # never opened: a FIFO would block, a device never end
+        raise SourceError(f"SOURCE {path} is neither a regular file nor a folder (a named "
+                          f"pipe, a device or a socket)")
     if looks_like_cifar(path):
         return read_cifar_folder(path, limits)
     inside = [path / name for name in (CIFAR10_DIR, CIFAR100_DIR) if (path / name).is_dir()]
@@ -91,13 +119,36 @@ def _detect(path: Path, limits: Limits, allow_outside_root: bool) -> Source:
                 else read_cifar_archive(chosen, limits))
     if find_idx_files(path):
         return read_idx_folder(path, limits)
+    if is_hf_folder(path):
+        return read_hf_folder(path, limits, columns)
+    for suffixes in (WEBDATASET_SUFFIXES, HF_SUFFIXES):
+        shards = folder_shards(path, suffixes, allow_outside_root)
+        if shards:
+            return _read_shard_files(shards, path, limits, columns)
     return _read_image_folder(path, limits, allow_outside_root)
 
 
-def _detect_file(path: Path, limits: Limits, allow_outside_root: bool) -> Source:
+def _read_shard_files(split_files: dict[str, list[Path]], root: Path, limits: Limits,
+                      columns: Columns) -> Source:
+    """WebDataset shards or Parquet/Arrow files, {split: files}; one kind for all."""
+    files = [path for listed in split_files.values() for path in listed]
+    if all(path.name.lower().endswith(WEBDATASET_SUFFIXES) for path in files):
+        return read_webdataset(split_files, root, limits)
+    if all(path.name.lower().endswith(HF_SUFFIXES) for path in files):
+        return read_hf_files(split_files, root, limits, columns)
+    raise SourceError(f"SOURCE {root} names files that are neither all WebDataset shards "
+                      f"(.tar, .tar.gz, .tgz) nor all Parquet/Arrow files (e.g. {files[0].name})")
+
+
+def _detect_file(path: Path, limits: Limits, allow_outside_root: bool,
+                 columns: Columns) -> Source:
     name = path.name.lower()
     if name.endswith(ARCHIVE_SUFFIXES):
-        return read_cifar_archive(path, limits)
+        if is_cifar_archive(path, CIFAR_ARCHIVES):
+            return read_cifar_archive(path, limits)
+        return read_webdataset({"train": [path]}, path, limits)
+    if name.endswith(HF_SUFFIXES):
+        return read_hf_files({"train": [path]}, path, limits, columns)
     if name.endswith(".npz"):
         return read_npz(path, limits)
     if name.endswith(LIST_SUFFIXES):
@@ -246,21 +297,7 @@ def _read_list(path: Path, limits: Limits, allow_outside_root: bool) -> Source:
 
 def _list_labels(path: Path, lines: list[int], names: list[str]) -> tuple[list[str], np.ndarray]:
     """(classes, labels): integer labels are kept as is (classes "0".."max"), names are sorted."""
-    if all(re.fullmatch(r"\d+", name) for name in names):
-        # Checked as text first: int() of a 5,000-digit string raises, a huge label would size
-        # the output layer.
-        for line, name in zip(lines, names):
-            if len(name) > 9 or int(name) >= MAX_CLASSES:
-                raise SourceError(f"{path}:{line}: label {name[:20]} is over the "
-                                  f"{MAX_CLASSES:,} classes a dataset may have")
-        labels = np.array([int(name) for name in names], dtype=np.int64)
-        return [str(k) for k in range(int(labels.max()) + 1)], labels
-    classes = sorted(set(names))
-    if len(classes) > MAX_CLASSES:
-        raise SourceError(f"{path} names {len(classes):,} classes, over the {MAX_CLASSES:,} a "
-                          f"dataset may have")
-    index = {name: k for k, name in enumerate(classes)}
-    return classes, np.array([index[name] for name in names], dtype=np.int64)
+    return classes_and_labels(names, lambda k: f"{path}:{lines[k]}", str(path))
 
 
 def _list_rows(path: Path, limits: Limits, *,
@@ -346,54 +383,3 @@ def list_images(path: str | os.PathLike, limits: Limits = Limits(), *,
     # One file named by the user: read as it is (a missing or unreadable one fails when read),
     # and named as given.
     return FileSplit("", [str(path)], np.zeros(1, dtype=np.int64), limits.max_file_bytes)
-
-
-# --- val split ---------------------------------------------------------------------------------
-
-def with_val_split(source: Source, fraction: float, seed: int = 0) -> Source:
-    """Move round(fraction * n) samples of each class (rounded half up; n = the class's train
-    samples) to a new "val" split, keeping at least one in train; classes with one sample stay
-    whole. Deterministic: the same source, fraction and seed give the same indices on any
-    machine and numpy version. Both splits keep the source's sample order."""
-    if not 0 < fraction < 1:
-        raise SourceError(f"val fraction {fraction} must be between 0 and 1 (exclusive)")
-    if set(source.splits) != {"train"}:
-        raise SourceError(f"{source.path} already has a val split; do not ask for another")
-    train = source.splits["train"]
-    labels = train.labels
-    order = np.argsort(labels, kind="stable")  # grouped by class, source order within each
-    classes, starts, counts = np.unique(labels[order], return_index=True, return_counts=True)
-    is_val = np.zeros(len(train), dtype=bool)
-    for label, start, count in zip(classes.tolist(), starts.tolist(), counts.tolist()):
-        take = min(int(np.floor(fraction * count + 0.5)), count - 1)
-        if take <= 0:
-            continue
-        # Raw PCG64 output is a fixed algorithm (Generator.choice/permutation may change between
-        # numpy releases); one stream per class, so adding a class does not reshuffle the others.
-        keys = np.random.PCG64(np.random.SeedSequence([seed, label])).random_raw(count)
-        is_val[order[start:start + count][np.argsort(keys, kind="stable")[:take]]] = True
-    splits = {"train": train.subset(np.flatnonzero(~is_val)),
-              "val": train.subset(np.flatnonzero(is_val))}
-    return Source(source.kind, source.path, source.classes, splits, source.content_files)
-
-
-def shuffled_train(source: Source, seed: int = 0) -> Source:
-    """The source with its train split in a seeded shuffle of its order, as a sharded dataset
-    stores it. Sources list samples by class (ImageFolder, most CSVs, some arrays), so shards
-    in source order would each hold a class or two, and the quasi-random order, which reads a
-    window of a few shards at a time (pipeline/order.py), would train on few-class batches.
-    Raw PCG64 keys, as in with_val_split, so every part of a conversion (--part) and every
-    machine computes the same order; the stream is keyed [seed, MAX_CLASSES], which no class's
-    val stream (keyed [seed, label], label < MAX_CLASSES) can equal. The val split keeps its
-    order: evaluation reads it in sequence."""
-    train = source.splits.get("train")
-    if train is None or len(train) < 2:
-        return source
-    splits = {**source.splits, "train": train.subset(shuffled_order(len(train), seed))}
-    return Source(source.kind, source.path, source.classes, splits, source.content_files)
-
-
-def shuffled_order(count: int, seed: int = 0) -> np.ndarray:
-    """Source index of each stored sample of a sharded train split (shuffled_train)."""
-    keys = np.random.PCG64(np.random.SeedSequence([seed, MAX_CLASSES])).random_raw(count)
-    return np.argsort(keys, kind="stable")

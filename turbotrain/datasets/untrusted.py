@@ -119,6 +119,24 @@ def read_regular(path: str | os.PathLike, max_bytes: int, *,
     return data
 
 
+def read_range(path: str | os.PathLike, offset: int, size: int) -> bytes:
+    """`size` bytes at `offset` of a regular file (a member of a plain .tar, read by the offset
+    its index recorded). UnsafeInput when the file is not regular or ends before offset + size:
+    a header that declares more than the file holds, or a file cut since it was indexed."""
+    fd, file_size = _open_checked(path, None)
+    try:
+        if offset < 0 or size < 0 or offset + size > file_size:
+            raise UnsafeInput(f"is {file_size:,} bytes, too short for {size:,} bytes at offset "
+                              f"{offset:,} (truncated, or changed since it was listed)")
+        data = os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
+    if len(data) != size:
+        raise UnsafeInput(f"was cut while being read ({len(data):,} of {size:,} bytes at "
+                          f"offset {offset:,})")
+    return data
+
+
 @functools.lru_cache(maxsize=64)
 def _real_root(root: str) -> str:
     """A dataset's root, resolved once per process (a handful of roots, a million files)."""

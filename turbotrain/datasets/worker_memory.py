@@ -38,8 +38,9 @@ def largest_image(source: Source) -> tuple[int, str]:
             candidates = [(height * width * ARRAY_BYTES_PER_PIXEL, f"{width}x{height} arrays")]
         elif isinstance(split, FileSplit):
             candidates = [_file_need(path) for path in _largest_files(split)]
-        else:
-            candidates = []
+        else:  # shards and HF rows: the headers of the largest samples the split knows of
+            candidates = [_head_need(name, head)
+                          for name, head in split.largest_heads(SAMPLED_FILES, HEADER_BYTES)]
         for bytes_needed, description in candidates:
             if bytes_needed > need:
                 need, what = bytes_needed, description
@@ -58,13 +59,17 @@ def _largest_files(split: FileSplit) -> list[str]:
 
 
 def _file_need(path: str) -> tuple[int, str]:
-    from .images import declared_size
     from .untrusted import UnsafeInput, open_regular
     try:
         with open_regular(path) as f:
             head = f.read(HEADER_BYTES)
     except (OSError, UnsafeInput):
         return 0, ""
+    return _head_need(path, head)
+
+
+def _head_need(path: str, head: bytes) -> tuple[int, str]:
+    from .images import declared_size
     declared = declared_size(head)
     if declared is None:
         return 0, ""
