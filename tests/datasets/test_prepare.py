@@ -270,3 +270,11 @@ def test_a_dead_worker_is_an_error_not_a_hang(photo_folder, tmp_path, monkeypatc
         prepare.prepare_dataset(photo_folder, tmp_path / "ds",
                                 prepare.PrepareOptions(workers=2, progress=False))
     assert not (tmp_path / "ds").exists()
+
+
+def test_inspect_describes_an_empty_split(tmp_path):
+    """A --val-fraction of classes with one sample each leaves val empty: inspect says so."""
+    from tests.train.tiny_data import write_tiny_dataset
+    out = write_tiny_dataset(tmp_path / "ds", train=8, val=0)
+    result = cli("inspect", out, check=0)
+    assert "val: 0 images (0 jpeg, 0 raw)" in result.stdout and "Traceback" not in result.stderr

@@ -62,12 +62,13 @@ def describe(root: str | Path) -> str:
         data = sum(float(ds.shard(k).sizes.sum()) for k in range(ds.num_shards))
         files = (f"file {_human(ds.nbytes)}" if ds.num_shards == 1 else
                  f"{ds.num_shards} shards, {_human(ds.nbytes)}")
+        # An empty split (a --val-fraction of classes with one sample each) has no sizes.
+        sizes = (f"; per class {int(counts.min())}..{int(counts.max())}; "
+                 f"size {int(ds.widths.min())}..{int(ds.widths.max())} x "
+                 f"{int(ds.heights.min())}..{int(ds.heights.max())}") if len(ds) else ""
         lines.append(
             f"  {printable(split)}: {len(ds)} images ({jpeg} jpeg, {len(ds) - jpeg} raw), "
-            f"{_human(data)} of image data, {files}; "
-            f"per class {int(counts.min())}..{int(counts.max())}; "
-            f"size {int(ds.widths.min())}..{int(ds.widths.max())} x "
-            f"{int(ds.heights.min())}..{int(ds.heights.max())}")
+            f"{_human(data)} of image data, {files}{sizes}")
     return "\n".join(lines)
 
 
