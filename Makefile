@@ -57,12 +57,16 @@ demo: install
 	$(VENV)/bin/turbotrain demo
 
 # The suite, then the pipeline contract and error tests again on the Python decode path (what
-# runs where the kernel could not be built), forced by TURBOTRAIN_NATIVE=0.
+# runs where the kernel could not be built), forced by TURBOTRAIN_NATIVE=0; not ffcv's (FFCV
+# decodes with its own code either way).
 FALLBACK_TESTS := tests/pipeline/test_contract.py tests/pipeline/test_errors_and_choice.py
 
+# Two pytest workers (pytest-xdist): most tests run one torch thread or wait on a child process,
+# so one serial pytest left a core of the 2-core CI box idle (the suite took 43 min serial).
+TEST_JOBS ?= 2
 test: install
-	$(PY) -m pytest -q
-	TURBOTRAIN_NATIVE=0 $(PY) -m pytest -q $(FALLBACK_TESTS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal --durations=30
+	TURBOTRAIN_NATIVE=0 $(PY) -m pytest -q $(FALLBACK_TESTS) -n $(TEST_JOBS) -k "not ffcv"
 
 bench: install
 	$(PY) bench/run_all.py

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_demo_runs_end_to_end_and_reports(tmp_path):
     out = tmp_path / "demo"

@@ -482,6 +482,7 @@ def test_time_to_target_summary_line_and_fastest_round():
 @pytest.mark.timeout(420)
 @pytest.mark.skipif(not tta.SOURCE.is_dir(), reason="Debian's dataset-fashion-mnist is not "
                     "installed")
+@pytest.mark.slow
 def test_time_to_accuracy_quick_runs_both_sides_end_to_end(tmp_path):
     """~30 s on a quiet 2-core machine; minutes when the machine is busy."""
     out = tmp_path / "tta.json"

@@ -280,6 +280,7 @@ def test_a_rank_downloads_only_the_shards_it_reads(s3_server, tmp_path):
     assert len(whole) < 4, whole  # the other rank's shards are never fetched
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_two_ranks_train_from_s3_and_a_killed_run_resumes_the_same(s3_server, tmp_path):
     """torchrun, 2 CPU ranks (Gloo), quasi-random order over 4 shards in s3://, a shared

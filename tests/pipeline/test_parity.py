@@ -218,6 +218,7 @@ def run_gpu_check(tmp_path, prelude: str = "", *args: str) -> dict:
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_gpu_check_smoke_runs_on_cpu(tmp_path):
     result = run_gpu_check(tmp_path)
@@ -239,6 +240,7 @@ def test_gpu_check_says_which_engines_are_missing(tmp_path):
     assert {"pytorch (cv2 decode)", "resident (cv2 decode)", "torchvision-nvjpeg"} <= names
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_gpu_check_all_smoke_runs_every_stage_on_cpu(tmp_path):
     """`make gpu-check` (--all) in its CPU smoke form: the CUDA tests of one file (skipped

@@ -183,6 +183,7 @@ def test_two_processes_shard_disjointly_and_match_one_process(two_rank_run, fash
 
 # ---------------------------------------------------------------------------- resume
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_two_process_run_killed_and_resumed_repeats_the_losses(two_rank_run, fashion_subset,
                                                                tmp_path):

@@ -86,7 +86,10 @@ def test_slow_pipeline_is_input_bound(train_cli, tiny_dataset, tmp_path):
         assert summary["peak_device_memory_bytes"] is None
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "step"]
     timed = [r for r in steps if r.get("data_wait_ms") is not None]
-    assert timed and all(r["data_wait_ms"] > r["compute_ms"] for r in timed)
+    # Waiting dominates overall and in most windows (a window's compute can spike past the
+    # 50 ms sleep when another process takes the core: seen on the shared 2-core CI box).
+    assert timed and sum(r["data_wait_ms"] for r in timed) > sum(r["compute_ms"] for r in timed)
+    assert sum(r["data_wait_ms"] > r["compute_ms"] for r in timed) >= 0.75 * len(timed)
     assert all(r["peak_host_memory_bytes"] > 0 for r in steps)
 
 

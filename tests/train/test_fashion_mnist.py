@@ -1,6 +1,7 @@
 """Convergence on real data with the real flow and the default recipe: Fashion-MNIST
 (Debian's dataset-fashion-mnist) through `prepare-dataset`, then `train` with the `pytorch`
-pipeline, reaches >= 88% val accuracy within 2 epochs (about 90% in ~90 s on a 2-core CPU)."""
+pipeline, reaches >= 88% val accuracy within 2 epochs (about 90%: ~90 s on a 2-core CPU with native bf16,
+~300 s in fp32 on one without)."""
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ def turbotrain(*args, timeout):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(560)
 def test_fashion_mnist_reaches_88_percent_in_2_epochs(tmp_path):
     assert FASHION.is_dir(), "apt-get install dataset-fashion-mnist (CI installs it)"
     data = tmp_path / "fashion"
@@ -31,7 +32,7 @@ def test_fashion_mnist_reaches_88_percent_in_2_epochs(tmp_path):
     out = tmp_path / "run"
     # Every other setting is the default: model, image size, batch, LR, warm-up, precision.
     stdout = turbotrain("train", "--data", data, "--pipeline", "pytorch", "--epochs", 2,
-                        "--out", out, "--threads", 1, "--workers", 1, timeout=300)
+                        "--out", out, "--threads", 1, "--workers", 1, timeout=400)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["epochs"] == 2
     assert summary["val_accuracy"] >= 0.88, stdout[-2000:]

@@ -36,6 +36,7 @@ def _checkpoint_step(run_dir) -> int:
         return -1
 
 
+@pytest.mark.slow
 def test_quasi_random_run_resumes_with_the_same_losses(tiny_dataset, tmp_path):
     full = tmp_path / "full"
     _run_to_end("--data", tiny_dataset, "--out", full, *ARGS)

@@ -14,14 +14,17 @@ from turbotrain.train.tune import worker_counts
 
 
 @pytest.mark.timeout(60)
-def test_tune_sweeps_pipelines_and_recommends_a_train_command(cli, tiny_dataset):
+def test_tune_sweeps_pipelines_and_recommends_a_train_command(cli, tiny_dataset, monkeypatch):
+    from tests.train.memory_pipeline import SlowPipeline
+    # 200 ms a batch: more than a loaded box's step (50 ms was, with 2 pytest workers).
+    monkeypatch.setattr(SlowPipeline, "delay", 0.2)
     code, out, err = cli("tune", "--data", tiny_dataset, "--pipeline", "test-memory",
                          "test-slow", "--workers", 1, "--budget-seconds", 3, "--json")
     assert code == 0, err
     result = json.loads(out)
     rows = {r["pipeline"]: r for r in result["rows"]}
     assert set(rows) == {"test-memory", "test-slow"}
-    # test-slow sleeps 50 ms a batch: slower alone, and the model waits for it.
+    # test-slow sleeps a batch: slower alone, and the model waits for it.
     assert rows["test-memory"]["loader_images_per_second"] > \
         rows["test-slow"]["loader_images_per_second"]
     assert result["best"]["pipeline"] == "test-memory"
