@@ -314,7 +314,11 @@ def weight_decay(optimizer: str, spec) -> Decision:
 
 
 def worker_mode() -> Decision:
-    return Decision("threads", "measured faster than worker processes")
+    # bench/bench_pipelines.py on the 2-core dev box (2026-12-02): the kernel's threads 1,872
+    # images/s, DataLoader worker processes 1,369 (and 941 vs 703 per CPU-second); beside a
+    # Python-busy thread (bench_kernel.py, 2 threads) 1,141 vs 761.
+    return Decision("threads", "measured 1.4x faster than worker processes (decode threads "
+                    "release the GIL for the whole batch)")
 
 
 # ---------------------------------------------------------------------------- sample order
