@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -49,12 +47,6 @@ def photo_folder(images: int) -> Path:
     return root
 
 
-def timed(command: list[str]) -> dict:
-    started = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return {"seconds": time.perf_counter() - started, "load": common.load_average()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=3000)
@@ -66,13 +58,14 @@ def main(argv: list[str] | None = None) -> int:
 
     def ours() -> dict:
         shutil.rmtree(work / "ours", ignore_errors=True)
-        return timed([sys.executable, "-m", "turbotrain", "prepare", str(source / "train"),
-                      str(work / "ours"), "--workers", "2", "--max-side", "512"])
+        return common.timed_command([sys.executable, "-m", "turbotrain", "prepare",
+                                     str(source / "train"), str(work / "ours"), "--workers", "2",
+                                     "--max-side", "512"])
 
     def ffcv() -> dict:
         (work / "ffcv.beton").unlink(missing_ok=True)
-        return timed([sys.executable, "-c", FFCV_SCRIPT, str(source / "train"),
-                      str(work / "ffcv.beton")])
+        return common.timed_command([sys.executable, "-c", FFCV_SCRIPT, str(source / "train"),
+                                     str(work / "ffcv.beton")])
     try:
         runs = common.interleaved(args.repeats, {"turbotrain": ours, "ffcv": ffcv},
                                   show=lambda r: f"{r['seconds']:.1f} s (load {r['load']:.2f})")

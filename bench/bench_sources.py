@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -64,12 +62,6 @@ def write_parquet(items, path: Path) -> None:
                 "label": pa.array([name for name, _, _ in rows])}))
 
 
-def timed(command: list[str]) -> dict:
-    started = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return {"seconds": time.perf_counter() - started, "load": common.load_average()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=2000)
@@ -86,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         def contender(kind: str):
             def run() -> dict:
                 shutil.rmtree(work / f"out-{kind}", ignore_errors=True)
-                return timed([sys.executable, "-m", "turbotrain", "prepare", str(sources[kind]),
-                              str(work / f"out-{kind}"), "--workers", "2", "--max-side", "512"])
+                return common.timed_command([
+                    sys.executable, "-m", "turbotrain", "prepare", str(sources[kind]),
+                    str(work / f"out-{kind}"), "--workers", "2", "--max-side", "512"])
             return run
         runs = common.interleaved(args.repeats, {kind: contender(kind) for kind in sources},
                                   show=lambda r: f"{r['seconds']:.1f} s (load {r['load']:.2f})")

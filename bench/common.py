@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -53,6 +54,13 @@ def run_child(argv: list, *, timeout: float = 900, env: dict | None = None,
     except json.JSONDecodeError:
         return {"error": f"no result line: {done.stdout.strip()[-200:]!r}", "load": load}
     return {**result, "load": load}
+
+
+def timed_command(command: list[str]) -> dict:
+    """Runs `command` to its end (a fresh process: start-up counts); its seconds and the load."""
+    started = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return {"seconds": time.perf_counter() - started, "load": load_average()}
 
 
 def rate_line(result: dict) -> str:

@@ -21,7 +21,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -32,10 +31,10 @@ from turbotrain import Loader, LoaderError
 from turbotrain.lightning import TurbotrainDataModule
 from turbotrain.train.models import InputStem
 
+from .fashion_subset import prepare_fashion_subset
 from .train.tiny_data import write_tiny_dataset
 
 REPO = Path(__file__).resolve().parents[1]
-FASHION = Path("/usr/share/datasets/fashion-mnist")
 TRAIN_IMAGES, VAL_IMAGES = 10_000, 2_000
 # small_cnn, 1 epoch of 10,000 images at batch 32, Adam: 83.3 % measured (batch 64: 80.8 %).
 ACCURACY = 0.80
@@ -125,19 +124,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fashion(tmp_path_factory):
     """The first 10,000 train and 2,000 test images of Fashion-MNIST, through `prepare`."""
-    assert FASHION.is_dir(), "apt-get install dataset-fashion-mnist (CI installs it)"
-    from turbotrain.cli import main as turbotrain_main
-    from turbotrain.datasets.sources import detect_source
-    source = detect_source(FASHION)
-    train, val = source.splits["train"], source.splits["val"]
-    root = tmp_path_factory.mktemp("fashion")
-    npz = root / "subset.npz"
-    np.savez(npz, images=np.asarray(train.images[:TRAIN_IMAGES]),
-             labels=np.asarray(train.labels[:TRAIN_IMAGES]),
-             val_images=np.asarray(val.images[:VAL_IMAGES]),
-             val_labels=np.asarray(val.labels[:VAL_IMAGES]), classes=np.array(source.classes))
-    assert turbotrain_main(["prepare", str(npz), str(root / "data"), "--workers", "1"]) == 0
-    return root / "data"
+    return prepare_fashion_subset(tmp_path_factory.mktemp("fashion"), TRAIN_IMAGES, VAL_IMAGES)
 
 
 @pytest.mark.slow

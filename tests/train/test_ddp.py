@@ -33,9 +33,9 @@ from turbotrain.train.distributed import (DistEnv, convert_sync_batchnorm,
                                           explain_collective_failure, is_collective_failure)
 from turbotrain.train.errors import TrainError
 
+from ..fashion_subset import prepare_fashion_subset
 from .conftest import REPO, logged_steps, read_jsonl, step_losses, wait_until
 
-FASHION = Path("/usr/share/datasets/fashion-mnist")
 TRAIN_IMAGES = 4096  # a multiple of the global batch (64): the shards cover the split exactly
 VAL_IMAGES = 1024
 GLOBAL_BATCH = 64
@@ -61,19 +61,7 @@ PID_DIR_VARIABLE = "TURBOTRAIN_TEST_PID_DIR"
 @pytest.fixture(scope="module")
 def fashion_subset(tmp_path_factory):
     """The first 4096 train and 1024 test images of Fashion-MNIST, through `prepare`."""
-    assert FASHION.is_dir(), "apt-get install dataset-fashion-mnist (CI installs it)"
-    from turbotrain.cli import main as turbotrain_main
-    from turbotrain.datasets.sources import detect_source
-    source = detect_source(FASHION)
-    train, val = source.splits["train"], source.splits["val"]
-    root = tmp_path_factory.mktemp("fashion")
-    npz = root / "subset.npz"
-    np.savez(npz, images=np.asarray(train.images[:TRAIN_IMAGES]),
-             labels=np.asarray(train.labels[:TRAIN_IMAGES]),
-             val_images=np.asarray(val.images[:VAL_IMAGES]),
-             val_labels=np.asarray(val.labels[:VAL_IMAGES]), classes=np.array(source.classes))
-    assert turbotrain_main(["prepare", str(npz), str(root / "data"), "--workers", "1"]) == 0
-    return root / "data"
+    return prepare_fashion_subset(tmp_path_factory.mktemp("fashion"), TRAIN_IMAGES, VAL_IMAGES)
 
 
 def start_torchrun(*args, pid_dir: Path, log: Path) -> subprocess.Popen:
