@@ -67,7 +67,11 @@ def _summary(run_dir):
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def test_slow_pipeline_is_input_bound(train_cli, tiny_dataset, tmp_path):
+def test_slow_pipeline_is_input_bound(train_cli, tiny_dataset, tmp_path, monkeypatch):
+    from tests.train.memory_pipeline import SlowPipeline
+    # 200 ms a batch: under `make test`'s 2 workers a step's compute came near the 50 ms sleep
+    # (data-wait fraction 0.499 in CI), and the verdict must be about the pipeline.
+    monkeypatch.setattr(SlowPipeline, "delay", 0.2)
     out = tmp_path / "run"
     code, stdout, err = train_cli("--data", tiny_dataset, "--out", out, "--epochs", 2,
                                   "--batch-size", 16, "--threads", 1, "--workers", 0,
