@@ -28,7 +28,7 @@ from turbotrain.pipeline import PipelineError, PipelineUnavailable, build_pipeli
 from .config import AUTO, TrainConfig
 from .distributed import DistEnv, dist_env_from_environ
 from .models import InputStem
-from .plan import DatasetFacts, Machine, Observed, Plan, plan_loader
+from .plan import DatasetFacts, Machine, Observed, OpenedPipeline, Plan, plan_loader
 
 NORMALIZED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ORDERS = (AUTO, "random", "quasi-random")
@@ -102,9 +102,14 @@ class Loader:
                                cache_limit=cache_limit)
         facts = DatasetFacts.of(dataset)
         machine = Machine.detect(env)
-        planned, opened, _ = open_planned(
-            config, facts, machine, Observed(), dataset, env, _loader_planner(device),
+        planner = _loader_planner(device)
+        planned, opened, observed = open_planned(
+            config, facts, machine, Observed(), dataset, env, planner,
             train=split == "train" if train is None else train, drop_last=drop_last)
+        # Planned again with what the opened pipeline says (its CPU workers), as train does:
+        # torch's share of the cores depends on it.
+        planned = planner(config, facts, machine, observed.replace(pipeline=OpenedPipeline(
+            opened.name, len(opened), getattr(opened, "cpu_workers", None))))
         self._attach(opened, planned, dataset, normalize=normalize, dtype=dtype)
 
     @classmethod
