@@ -33,7 +33,7 @@ from .loader import Loader, open_planned, pipeline_options
 from .loop import StepEngine, make_engine
 from .mixing import mixer_for
 from .models import Classifier, build_model, deterministic_global_pools
-from .plan import DatasetFacts, Machine, Observed, OpenedPipeline, Plan, plan
+from .plan import DatasetFacts, Machine, Observed, Plan, plan
 from .schedule import LRSchedule
 
 
@@ -164,12 +164,9 @@ def _open_pipelines(config: TrainConfig, facts: DatasetFacts, machine: Machine,
     order), then the val pipeline like it; returns the plan made with what the opened pipeline
     says (its batches, its CPU workers)."""
     train_data, val_data = splits
-    planned, train_pipeline, observed = open_planned(config, facts, machine, observed,
-                                                     train_data, env, plan)
+    planned, train_pipeline, _ = open_planned(config, facts, machine, observed, train_data,
+                                              env, plan)
     cleanup.callback(train_pipeline.close)
-    opened = OpenedPipeline(train_pipeline.name, len(train_pipeline),
-                            getattr(train_pipeline, "cpu_workers", None))
-    planned = plan(config, facts, machine, observed.replace(pipeline=opened))
     val_loader = None
     if val_data is not None:
         val_pipeline = build_pipeline(planned.value("pipeline"), val_data, train=False,

@@ -28,7 +28,7 @@ from turbotrain.pipeline import PipelineError, PipelineUnavailable, build_pipeli
 from .config import AUTO, TrainConfig
 from .distributed import DistEnv, dist_env_from_environ
 from .models import InputStem
-from .plan import DatasetFacts, Machine, Observed, OpenedPipeline, Plan, plan_loader
+from .plan import DatasetFacts, Decision, Machine, Observed, OpenedPipeline, Plan, plan_loader
 
 NORMALIZED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ORDERS = (AUTO, "random", "quasi-random")
@@ -41,8 +41,9 @@ class LoaderError(ValueError):
 def open_planned(config: TrainConfig, facts: DatasetFacts, machine: Machine, observed: Observed,
                  dataset, env: DistEnv, planner, *, train: bool = True,
                  drop_last: bool | None = None) -> tuple[Plan, object, Observed]:
-    """The planned pipeline over `dataset`: (the plan, the pipeline, `observed` with the
-    pipelines that failed to open). `train`, `drop_last`: as PipelineOptions.
+    """The planned pipeline over `dataset`: (the plan made with what the opened pipeline says,
+    the pipeline, `observed` with the pipelines that failed to open and the opened one).
+    `train`, `drop_last`: as PipelineOptions.
 
     With `--pipeline auto`, one that fails to open (PipelineUnavailable) is planned around:
     `planner(config, facts, machine, observed)` is asked again with it in
@@ -53,11 +54,16 @@ def open_planned(config: TrainConfig, facts: DatasetFacts, machine: Machine, obs
         try:
             pipeline = build_pipeline(name, dataset, train=train, drop_last=drop_last,
                                       **pipeline_options(planned, env))
-            return planned, pipeline, observed
         except PipelineUnavailable as exc:
             if config.pipeline != AUTO:
                 raise
             observed = observed.replace(unopenable=(*observed.unopenable, (name, str(exc))))
+            continue
+        # Planned again with what the opened pipeline says (its batches, its CPU workers):
+        # the schedule's length and torch's share of the cores depend on it.
+        observed = observed.replace(pipeline=OpenedPipeline(
+            pipeline.name, len(pipeline), getattr(pipeline, "cpu_workers", None)))
+        return planner(config, facts, machine, observed), pipeline, observed
 
 
 def pipeline_options(planned: Plan, env: DistEnv) -> dict:
@@ -102,14 +108,9 @@ class Loader:
                                cache_limit=cache_limit)
         facts = DatasetFacts.of(dataset)
         machine = Machine.detect(env)
-        planner = _loader_planner(device)
-        planned, opened, observed = open_planned(
-            config, facts, machine, Observed(), dataset, env, planner,
+        planned, opened, _ = open_planned(
+            config, facts, machine, Observed(), dataset, env, _loader_planner(device),
             train=split == "train" if train is None else train, drop_last=drop_last)
-        # Planned again with what the opened pipeline says (its CPU workers), as train does:
-        # torch's share of the cores depends on it.
-        planned = planner(config, facts, machine, observed.replace(pipeline=OpenedPipeline(
-            opened.name, len(opened), getattr(opened, "cpu_workers", None))))
         self._attach(opened, planned, dataset, normalize=normalize, dtype=dtype)
 
     @classmethod
@@ -227,7 +228,7 @@ def _loader_planner(device):
     def planner(config, facts, machine, observed):
         planned = plan_loader(config, facts, machine, observed)
         if asked is not None and asked.type == "cuda" and asked.index is not None:
-            planned.decisions["device"] = type(planned["device"])(asked, "asked for")
+            planned.decisions["device"] = Decision(asked, "asked for")
         return planned
     return planner
 

@@ -125,8 +125,7 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     config, spec = _model(d, config, facts, device, weights)
     channels_last = _decide(d, "channels_last",
                             rules.channels_last(config.channels_last, spec.conv))
-    need = facts.resident_bytes(config.image_size)  # the resident store, and its budget here
-    room = budget_of(gpu.free if gpu is not None else machine.ram_bytes, d["device"].value)
+    need, room = _resident_room(config, facts, machine, d["device"].value)
     pipeline = _pipeline(d, config, machine, observed, need, room)
     config = config.replace(order=_order(d, config, facts, machine, pipeline))
     # The resident store is decoded after the batch is chosen: a search leaves it room.
@@ -149,23 +148,33 @@ def plan_loader(config: TrainConfig, facts: DatasetFacts, machine: Machine,
     d: dict[str, Decision] = {}
     device = _decide(d, "device", rules.device(config.device, machine.gpus,
                                                      machine.local_rank))
-    gpu = machine.gpu if device.type == "cuda" else None
     size = config.image_size
     if size is None:
         size = _decide(d, "image_size", rules.image_size(facts.largest_side, facts.train_count,
                                                          device.type))
     config = config.replace(device=device.type, image_size=size)
-    need = facts.resident_bytes(size)
-    room = budget_of(gpu.free if gpu is not None else machine.ram_bytes, device)
+    need, room = _resident_room(config, facts, machine, device)
     pipeline = _pipeline(d, config, machine, observed, need, room)
     config = config.replace(order=_order(d, config, facts, machine, pipeline))
-    mode = config.worker_mode
-    if mode == AUTO:
-        mode = _decide(d, "worker_mode", rules.worker_mode())
+    mode = _worker_mode(d, config)
     budget, threads = _threads(d, config, facts, machine, device.type, pipeline, observed)
     config = config.replace(pipeline=pipeline, worker_mode=mode, workers=threads.workers,
                             threads=threads.torch_threads)
     return Plan(config, machine, _ordered(d), budget=budget, threads=threads)
+
+
+def _resident_room(config: TrainConfig, facts: DatasetFacts, machine: Machine,
+                   device: torch.device) -> tuple[int, tuple[int, str]]:
+    """(the resident store's bytes at the image size, its memory budget on `device`)."""
+    gpu = machine.gpu if device.type == "cuda" else None
+    return (facts.resident_bytes(config.image_size),
+            budget_of(gpu.free if gpu is not None else machine.ram_bytes, device))
+
+
+def _worker_mode(d: dict, config: TrainConfig) -> str:
+    if config.worker_mode != AUTO:
+        return config.worker_mode
+    return _decide(d, "worker_mode", rules.worker_mode())
 
 
 def _order(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine,
@@ -302,9 +311,7 @@ def _optimizer(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machi
     decay = config.weight_decay
     if decay is None:
         decay = _decide(d, "weight_decay", rules.weight_decay(config.optimizer, spec))
-    mode = config.worker_mode
-    if mode == AUTO:
-        mode = _decide(d, "worker_mode", rules.worker_mode())
+    mode = _worker_mode(d, config)
     return config.replace(accum_steps=accum, lr=lr, weight_decay=decay, worker_mode=mode)
 
 
