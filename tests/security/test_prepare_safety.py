@@ -143,13 +143,19 @@ def cifar_pickle(batch: dict) -> bytes:
 
 def test_cifar_archive_bomb(tmp_path):
     """A 300 MB member of zeros, 0.3 MB compressed: refused from its tar header."""
-    archive = tmp_path / "cifar-10-python.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        info = tarfile.TarInfo("cifar-10-batches-py/data_batch_1")
+    archive = write_tar_gz_bomb(tmp_path / "cifar-10-python.tar.gz",
+                                "cifar-10-batches-py/data_batch_1")
+    refused(tmp_path, archive, tmp_path / "ds", expect="a decompression bomb?")
+
+
+def write_tar_gz_bomb(path: Path, member: str) -> Path:
+    """A .tar.gz at `path` whose one `member` is 300 MB of zeros, under 1 MB gzipped."""
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo(member)
         info.size = 300 << 20
         tar.addfile(info, _Zeros(info.size))
-    assert archive.stat().st_size < 1 << 20
-    refused(tmp_path, archive, tmp_path / "ds", expect="a decompression bomb?")
+    assert path.stat().st_size < 1 << 20
+    return path
 
 
 class _Zeros(io.RawIOBase):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_prepare_safety import _Zeros, prepare, refused
+from .test_prepare_safety import prepare, refused, write_tar_gz_bomb
 from tests.datasets.shard_fixtures import hf_dataset, jpeg
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,12 +57,7 @@ def test_member_over_the_file_cap(tmp_path):
 
 def test_tar_gz_bomb(tmp_path):
     """300 MB of zeros as one image member, 0.3 MB gzipped: refused from its header."""
-    path = tmp_path / "train-0.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        info = tarfile.TarInfo("a.jpg")
-        info.size = 300 << 20
-        tar.addfile(info, _Zeros(info.size))
-    assert path.stat().st_size < 1 << 20
+    path = write_tar_gz_bomb(tmp_path / "train-0.tar.gz", "a.jpg")
     refused(tmp_path, path, tmp_path / "ds", expect="a decompression bomb?")
 
 
