@@ -524,8 +524,9 @@ def render_kernel(data: dict, where: Where) -> Body:
                  f"{data.get('batch_size')}, every measurement a fresh process. *Beside a "
                  "Python-busy thread*: a second thread of the same process runs a pure-Python "
                  "counting loop (what a host-bound training loop's main thread is) while the "
-                 "loader is consumed; alone and busy alternate in the same process, best of "
-                 "each. `pytorch_python` is the same pipeline on the Python decode path "
+                 "loader is consumed; alone and busy run back to back in the same process, "
+                 "the order swapped each round, and *kept* is the median of the rounds' "
+                 "busy / alone. `pytorch_python` is the same pipeline on the Python decode path "
                  "(TURBOTRAIN_NATIVE=0, the code before the kernel); `native_calls` is a Python "
                  "thread pool making one native call per batch (the mechanism not chosen).\n"])
 
