@@ -63,9 +63,12 @@ FALLBACK_TESTS := tests/pipeline/test_contract.py tests/pipeline/test_errors_and
 
 # Two pytest workers (pytest-xdist): most tests run one torch thread or wait on a child process,
 # so one serial pytest left a core of the 2-core CI box idle (the suite took 43 min serial).
+# loadgroup: a module marked xdist_group runs on one worker, so its module-scoped fixture (a
+# training run, ~50 s for DDP's) runs once, not once per worker; no reorder keeps the slow tests
+# first (tests/conftest.py).
 TEST_JOBS ?= 2
 test: install
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal --durations=30
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder --durations=30
 	TURBOTRAIN_NATIVE=0 $(PY) -m pytest -q $(FALLBACK_TESTS) -n $(TEST_JOBS) -k "not ffcv"
 
 bench: install

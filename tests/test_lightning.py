@@ -42,7 +42,9 @@ CPU = dict(device="cpu", workers=1, threads=1)
 QUIET = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
              enable_model_summary=False)
 
-pytestmark = pytest.mark.timeout(240)
+# One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
+# fixture runs once, not once per worker: its fixtures prepare Fashion-MNIST subsets.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("lightning")]
 
 
 def checksums(images: torch.Tensor) -> list[int]:

@@ -35,7 +35,9 @@ from turbotrain.pipeline import PipelineOptions, augment
 
 from .conftest import PHOTO_SIZES, build, photo_image, product_pipelines, run_epoch
 
-pytestmark = pytest.mark.timeout(300)
+# One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
+# fixture runs once, not once per worker: photo_runs trains on every pipeline.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("parity")]
 
 NAMES = product_pipelines()
 # Grey levels, mean |difference| per image (see the module docstring). Measured worst cases on
@@ -218,17 +220,6 @@ def run_gpu_check(tmp_path, prelude: str = "", *args: str) -> dict:
     return result
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_gpu_check_smoke_runs_on_cpu(tmp_path):
-    result = run_gpu_check(tmp_path)
-    measured = {row["pipeline"]: row for row in result["rows"]}
-    expected = {"synthetic", "pytorch", "resident", "torchvision-nvjpeg"}
-    expected |= {name for name in ("dali", "ffcv") if result["engines"][name]}
-    assert expected <= set(measured), measured
-    assert all(measured[name]["train"] > 0 for name in expected), measured
-
-
 @pytest.mark.timeout(300)
 def test_gpu_check_says_which_engines_are_missing(tmp_path):
     """The GPU box has neither DALI nor FFCV (nor simplejpeg): it must say so and go on."""
@@ -245,9 +236,15 @@ def test_gpu_check_says_which_engines_are_missing(tmp_path):
 def test_gpu_check_all_smoke_runs_every_stage_on_cpu(tmp_path):
     """`make gpu-check` (--all) in its CPU smoke form: the CUDA tests of one file (skipped
     here), `train` on resident/dali and its synthetic bound through bench/gpu_train.py, the
-    pytorch scaling, the table, and one verdict line per goal."""
+    pytorch scaling, the table with every pipeline, and one verdict line per goal. (The
+    table alone is `gpu_check.py --smoke`, which the missing-engines test runs.)"""
     result = run_gpu_check(tmp_path, "", "--all", "--tests",
                            "tests/train/test_batch_finder.py")
+    measured = {row["pipeline"]: row for row in result["rows"]}
+    expected_rows = {"synthetic", "pytorch", "resident", "torchvision-nvjpeg"}
+    expected_rows |= {name for name in ("dali", "ffcv") if result["engines"][name]}
+    assert expected_rows <= set(measured), measured
+    assert all(measured[name]["train"] > 0 for name in expected_rows), measured
     tests = result["tests"]
     assert tests["returncode"] == 0 and tests["counts"].get("skipped", 0) >= 1
     runs = {row["run"]: row for row in result["train_runs"]}

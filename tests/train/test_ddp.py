@@ -36,6 +36,10 @@ from turbotrain.train.errors import TrainError
 from ..fashion_subset import prepare_fashion_subset
 from .conftest import REPO, logged_steps, read_jsonl, step_losses, wait_until
 
+# One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
+# fixture runs once, not once per worker: two_rank_run trains two ranks (~50 s).
+pytestmark = pytest.mark.xdist_group("ddp")
+
 TRAIN_IMAGES = 4096  # a multiple of the global batch (64): the shards cover the split exactly
 VAL_IMAGES = 1024
 GLOBAL_BATCH = 64

@@ -14,6 +14,10 @@ from turbotrain.train.checkpoint import checkpoint_path
 
 from .conftest import logged_steps, read_jsonl, signal_when, step_losses, train_subprocess
 
+# One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
+# fixture runs once, not once per worker: uninterrupted trains the reference runs.
+pytestmark = pytest.mark.xdist_group("resume")
+
 # test-slow takes 50 ms a batch, so there is time to kill the run between checkpoints.
 ARGS = ("--pipeline", "test-slow", "--epochs", 3, "--batch-size", 8, "--log-every", 1,
         "--checkpoint-every", 5, "--threads", 1, "--workers", 0, "--deterministic",

@@ -31,7 +31,9 @@ from turbotrain.train.weights import BEST_NAME, ModelCard, load_classifier, save
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 TRAIN, VAL, PNGS = 5000, 1000, 200
 
-pytestmark = pytest.mark.timeout(180)
+# One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
+# fixture runs once, not once per worker: its fixtures train and evaluate a run (~23 s).
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("use")]
 
 
 def _idx(name: str, offset: int, count: int, shape=()) -> np.ndarray:
