@@ -105,6 +105,9 @@ def loader(name: str, data: str, threads: int):
     def epochs(epoch):
         pipeline.set_epoch(epoch)
         return iter(pipeline)
+    ahead = getattr(pipeline.source, "ahead", None)  # threads mode: its native Pool's idle time
+    epochs.pool = getattr(ahead, "pool", None) if ahead is not None and ahead.decoder.native \
+        else None
     return epochs
 
 
@@ -146,12 +149,17 @@ def child_busy(name: str, data: str, threads: int, batches: int, rounds: int) ->
     """`kept` is the median over rounds of busy / alone measured back to back, the order
     swapped every round: this box's rate drifts by +-15 % over a minute, more than the effect,
     so a best-of-each ratio swung between 0.77 and 1.12 over runs of the same code."""
-    stream = endless(loader(name, data, threads))
-    alone, busy = [], []
+    epochs = loader(name, data, threads)
+    stream = endless(epochs)
+    pool = getattr(epochs, "pool", None)
+    alone, busy, idle = [], [], []
 
     def measure_busy() -> None:
+        idle_before, started = (pool.idle, time.perf_counter()) if pool else (0.0, 0.0)
         with PythonBusy():
             busy.append(rate(stream, batches))
+        if pool:  # a starved pool (the consumer too slow) would show here
+            idle.append((pool.idle - idle_before) / (time.perf_counter() - started) / threads)
 
     for r in range(rounds):
         if r % 2:
@@ -163,7 +171,8 @@ def child_busy(name: str, data: str, threads: int, batches: int, rounds: int) ->
     ratios = sorted(b / a for a, b in zip(alone, busy))
     return {"alone": statistics.median(alone), "busy": statistics.median(busy),
             "kept": statistics.median(ratios), "kept_runs": ratios,
-            "alone_runs": alone, "busy_runs": busy, "threads": threads}
+            "alone_runs": alone, "busy_runs": busy, "threads": threads,
+            **({"busy_idle": statistics.median(idle)} if idle else {})}
 
 
 def child_stages(data: str, batches: int) -> dict:
@@ -357,8 +366,10 @@ def best_use(runs: list[tuple[str, dict]]) -> dict:
 def _kept_line(result: dict) -> str:
     if "kept" not in result:
         return result.get("error", "no result")
+    idle = (f"  decode threads idle {result['busy_idle']:.1%} while busy"
+            if "busy_idle" in result else "")
     return (f"alone {result['alone']:,.0f}  busy {result['busy']:,.0f} images/s  "
-            f"kept {result['kept']:.0%}  (load {result['load']:.2f})")
+            f"kept {result['kept']:.0%}{idle}  (load {result['load']:.2f})")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """Lightning's `Trainer.fit` with `TurbotrainDataModule` vs `train`, same data, model, precision.
 
     .venv/bin/python bench/bench_lightning.py [--images 3000] [--image-size 64] [--batch-size 64]
-        [--steps 40] [--rounds 2] [--model airbench] [--precision auto] [--profile]
+        [--steps 40] [--rounds 4] [--model airbench] [--precision auto] [--profile]
 
 The data, the `train` side, the settings and the timing are bench_loader.py's (photo set,
-`pytorch` pipeline, one untimed warm-up step, fresh processes, interleaved rounds, best
-counts). The `lightning` side is a LightningModule around the same model (`build_model`,
+`pytorch` pipeline, one untimed warm-up step, fresh processes, interleaved rounds with the
+order swapped every round, the ratio the median of the rounds' ratios). The `lightning` side is a LightningModule around the same model (`build_model`,
 channels_last) whose `training_step` is forward + cross-entropy, the same SGD, and
 `Trainer(accelerator="cpu", devices=1, max_steps=..., precision="32-true" or "bf16-mixed")`
 without logger, progress bar, checkpointing or validation (what `train --checkpoint-every 0`

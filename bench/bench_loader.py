@@ -1,11 +1,13 @@
 """`turbotrain.Loader` in a plain training loop vs `train` on the same data, model and precision.
 
     .venv/bin/python bench/bench_loader.py [--images 3000] [--image-size 64] [--batch-size 64]
-        [--steps 40] [--rounds 2] [--model airbench] [--precision auto]
+        [--steps 40] [--rounds 4] [--model airbench] [--precision auto]
 
 Data: bench_pipelines.py's photo set (`--images` photo-like 500x375 JPEGs, prepared with the
 default options, cached under bench/.cache/). Both contenders run in fresh processes, one at a
-time, interleaved for `--rounds` rounds (best counts; the machine is shared), with the same
+time, interleaved for `--rounds` rounds, the order swapped every round; the ratio is the median
+of the rounds' ratios (one run each: a best-of ratio moved 0.91-1.04x over three runs of the
+same code, the machine is shared), with the same
 pipeline (`pytorch`), workers and threads (the plan's, unless given), batch size, image size,
 model (`build_model`, channels_last) and precision (`auto`: bf16 autocast where the CPU has
 native bf16, else fp32, the plan's CPU rule):
@@ -17,7 +19,7 @@ native bf16, else fp32, the plan's CPU rule):
   and freed host memory kept for reuse as `train` keeps it (host_memory.py: otherwise the
   allocator, not the Loader, is measured); timed the same way, after one warm-up step.
 
-Goal: loader / train >= 0.98x. Writes bench/results/loader.json.
+Goal: loader / train >= 0.98x (the median of the rounds' ratios). Writes bench/results/loader.json.
 """
 from __future__ import annotations
 
@@ -149,7 +151,8 @@ def parser_for(doc: str, default_steps: int) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=default_steps,
                         help="optimizer steps per run, the first one untimed")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="rounds of one run each, the order swapped every round")
     parser.add_argument("--model", default="airbench", help="what `train` picks at 64 px")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
     parser.add_argument("--workers", type=int, default=None, help="default: the plan's")
@@ -179,8 +182,8 @@ def compare(args, argv, *, name: str, ours: str, goal: float, child_script: str,
         def mine() -> dict:
             return common.run_child([Path(child_script), "--child", ours, "--data", data,
                                      *settings_args(args)])
-        runs = common.interleaved(args.rounds, {ours: mine, "train": train})
-    ratio = common.ratio(common.best(runs[ours]), common.best(runs["train"]))
+        runs = common.interleaved(args.rounds, {ours: mine, "train": train}, alternate=True)
+    ratio = common.paired_ratio(runs[ours], runs["train"])
     result = {"command": common.command_line(child_script, argv), "images": args.images,
               "image_size": args.image_size, "batch_size": args.batch_size,
               "steps": args.steps, "warmup_steps": WARMUP_STEPS, "model": args.model,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -71,13 +72,16 @@ def rate_line(result: dict) -> str:
 
 
 def interleaved(rounds: int, contenders: dict[str, Callable[[], dict]],
-                show: Callable[[dict], str] = rate_line) -> dict[str, list[dict]]:
+                show: Callable[[dict], str] = rate_line, *,
+                alternate: bool = False) -> dict[str, list[dict]]:
     """Runs every contender once per round, in turn, printing each result as it comes;
-    returns each one's results, round by round."""
+    returns each one's results, round by round. `alternate`: every other round in the
+    reverse order, so a drift of the machine's speed within a round favours neither side."""
     runs: dict[str, list[dict]] = {name: [] for name in contenders}
     width = max((len(name) for name in contenders), default=0)
     for round_ in range(rounds):
-        for name, run in contenders.items():
+        order = list(contenders.items())
+        for name, run in (order[::-1] if alternate and round_ % 2 else order):
             runs[name].append(run())
             print(f"round {round_ + 1} {name:<{width}}  {show(runs[name][-1])}", flush=True)
     return runs
@@ -97,6 +101,15 @@ def best(runs: list[dict], metric: str = "images_per_second", *,
     """best_run's value of `metric`."""
     run = best_run(runs, metric, lowest=lowest)
     return None if run is None else run[metric]
+
+
+def paired_ratio(numerators: list[dict], denominators: list[dict],
+                 metric: str = "images_per_second") -> float | None:
+    """The median over rounds of one round's numerator / denominator: steadier than best /
+    best when the machine's speed drifts between rounds (one fast round decides a best)."""
+    ratios = sorted(a[metric] / b[metric] for a, b in zip(numerators, denominators)
+                    if a.get(metric) is not None and b.get(metric))
+    return statistics.median(ratios) if ratios else None
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

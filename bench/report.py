@@ -329,9 +329,10 @@ def _against_train(data: dict, ours: str, what: str) -> Body:
     body = Body([f"{data.get('model')} at {data.get('image_size')} px, batch "
                  f"{data.get('batch_size')}, {data.get('precision')}, the "
                  f"`{data.get('pipeline')}` pipeline on {data.get('images')} photos: "
-                 f"{data.get('steps')} steps of which {data.get('warmup_steps')} warm-up, best "
-                 f"of {data.get('rounds')} interleaved rounds, each in a fresh process. "
-                 f"{ours} / train: **{times(data.get('ratio')) or 'n/a'}**.\n"])
+                 f"{data.get('steps')} steps of which {data.get('warmup_steps')} warm-up, "
+                 f"{data.get('rounds')} interleaved rounds (the order swapped every round), "
+                 f"each run in a fresh process; images/s: the best run. {ours} / train, the "
+                 f"median of the rounds' ratios: **{times(data.get('ratio')) or 'n/a'}**.\n"])
     body.lines += md_table(["contender", "images/s", "what"], rows)
     body.goals = recorded_goals(data, ours)
     return body

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -337,6 +338,24 @@ def test_a_pool_cancels_and_closes_with_batches_in_flight(photos):
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         decoder.submit(pool, np.arange(2), 0, np.zeros((2, 64, 64, 3), np.uint8))
+
+
+def test_a_pool_counts_the_time_its_threads_wait_for_work(photos):
+    """Pool.idle: the seconds its threads sat with nothing to decode (bench_kernel.py reports it
+    to tell a starved pool from a slow one)."""
+    decoder = BatchDecoder(photos, image_size=32, train=True, seed=0)
+    pool = kernel.NATIVE.Pool(1)
+    try:
+        time.sleep(0.2)  # nothing queued: the thread waits
+        waited = pool.idle
+        assert 0.0 <= waited
+        decoder.submit(pool, np.arange(len(photos)), 0,
+                       np.zeros((len(photos), 32, 32, 3), np.uint8)).result()
+        time.sleep(0.2)
+        assert pool.idle >= waited + 0.1  # the idle spells are summed once each ends
+    finally:
+        pool.close()
+    assert pool.idle == 0.0  # closed: nothing to ask
 
 
 def test_worker_processes_decode_with_the_kernel(photos):

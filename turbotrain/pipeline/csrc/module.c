@@ -138,6 +138,15 @@ static PyObject *Pool_threads(PoolObject *self, void *unused) {
     return PyLong_FromLong(self->open ? self->pool.threads : 0);
 }
 
+static PyObject *Pool_idle(PoolObject *self, void *unused) {
+    (void)unused;
+    if (!owned_here(self)) return PyFloat_FromDouble(0.0);
+    pthread_mutex_lock(&self->pool.lock);
+    int64_t idle = self->pool.idle_ns;
+    pthread_mutex_unlock(&self->pool.lock);
+    return PyFloat_FromDouble((double)idle / 1e9);
+}
+
 /* -- Job -------------------------------------------------------------------------------------- */
 typedef struct {
     PyObject_HEAD
@@ -346,6 +355,8 @@ static PyMethodDef Pool_methods[] = {
 
 static PyGetSetDef Pool_getset[] = {
     {"threads", (getter)Pool_threads, NULL, "decoding threads (0 once closed)", NULL},
+    {"idle", (getter)Pool_idle, NULL, "seconds the threads, summed, waited for a sample to "
+     "decode (a pool fed too slowly)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject PoolType = {

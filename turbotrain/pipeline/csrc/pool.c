@@ -4,7 +4,14 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
 
 static void record(tt_job *job, int k, int failed, const char *message) {
     job->failed[k] = (uint8_t)failed;
@@ -26,7 +33,11 @@ static void *serve(void *arg) {
     char message[TT_MESSAGE_LEN];
     pthread_mutex_lock(&p->lock);
     for (;;) {
-        while (!p->stop && !p->head) pthread_cond_wait(&p->work, &p->lock);
+        if (!p->stop && !p->head) {
+            int64_t waiting = now_ns();
+            while (!p->stop && !p->head) pthread_cond_wait(&p->work, &p->lock);
+            p->idle_ns += now_ns() - waiting;
+        }
         if (p->stop) break;
         tt_job *job = p->head;
         int k = job->next++;

@@ -33,6 +33,7 @@ typedef struct {
     int full_decode;           /* tt_worker.full_decode for every thread */
     pthread_t *ids;
     pid_t owner;               /* a forked child must not touch its parent's threads */
+    int64_t idle_ns;           /* summed over threads: time spent waiting for a sample */
 } tt_pool;
 
 int tt_pool_start(tt_pool *p, int threads, int full_decode);
