@@ -2,11 +2,15 @@
 
 Not a registered pipeline. The rule is `first_usable` over `why_unavailable`, pure functions of
 facts (the registered names, the installed engines, the decoded split's size and the memory
-budget): train/plan.py plans a run with them from a Machine, `choose_pipeline` and
-`unavailable_reason` ask them about this process's device (`turbotrain info`, `doctor`), and
-`build_auto` also falls back when a chosen pipeline turns out to be unavailable when built.
+budget) and of what each pipeline declared when it registered (registry.Capabilities):
+train/plan.py plans a run with them from a Machine, `choose_pipeline` and `unavailable_reason`
+ask them about this process's device (`turbotrain info`, `doctor`), and `build_auto` also falls
+back when a chosen pipeline turns out to be unavailable when built.
 
-Order of preference, fastest first:
+Pipelines are tried in their declared order of preference (`registry.auto_order`), fastest
+first; one is skipped when it needs CUDA off CUDA, its optional package is missing, it cannot
+read a sharded split, or it holds the decoded split and that does not fit its memory budget.
+Today's order, as the modules declare it:
 
 1. ``resident`` when the decoded split fits in its memory budget (a fraction of free device
    memory): no decoding after the first epoch at all.
@@ -17,28 +21,24 @@ Order of preference, fastest first:
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 
 import torch
 
 from .base import Pipeline, PipelineError, PipelineOptions, PipelineUnavailable
-from .registry import build_pipeline, pipeline_names
+from .registry import Capabilities, auto_order, build_pipeline, capabilities, pipeline_names
 from .resident import memory_budget, resident_bytes
 
 log = logging.getLogger(__name__)
 
-FALLBACK_ORDER = ("resident", "dali", "pytorch", "ffcv")
-
 
 def installed_engines() -> frozenset[str]:
-    """The optional engines whose packages are importable here: "dali", "ffcv"."""
+    """The registered pipelines whose optional package is importable here."""
     found = set()
-    if importlib.util.find_spec("nvidia") is not None and \
-            importlib.util.find_spec("nvidia.dali") is not None:
-        found.add("dali")
-    if importlib.util.find_spec("ffcv") is not None:
-        found.add("ffcv")
+    for name in pipeline_names():
+        package = capabilities(name).package
+        if package is not None and package.importable():
+            found.add(name)
     return frozenset(found)
 
 
@@ -46,30 +46,33 @@ def why_unavailable(name: str, *, registered, installed, device_type: str,
                     resident_need: int, budget: tuple[int, str],
                     num_shards: int = 1) -> str | None:
     """Why `name` cannot be used, or None when it looks usable: a pure function of the facts
-    (`budget`: what resident.memory_budget or budget_of says; `num_shards`: the split's)."""
+    and of its declared capabilities (`budget`: what resident.memory_budget or budget_of says
+    for the store of `resident_need` bytes; `num_shards`: the split's)."""
     if name not in registered:
         return f"{name} is not registered"
-    if name == "resident":
-        if resident_need > budget[0]:
-            return f"the decoded split needs {resident_need / 2**30:.2f} GiB, over the " \
-                   f"resident budget of {budget[0] / 2**30:.2f} GiB ({budget[1]})"
-        return None
-    if name == "dali":
-        if device_type != "cuda":
-            return "DALI's GPU decode needs a CUDA device"
-        if "dali" not in installed:
-            return "nvidia-dali is not installed"
-    if name == "ffcv" and "ffcv" not in installed:
-        return "ffcv is not installed"
-    if name == "ffcv" and num_shards > 1:
-        return sharded_ffcv_reason(num_shards)
+    declared = capabilities(name)
+    if declared.holds_decoded_split and resident_need > budget[0]:
+        return f"the decoded split needs {resident_need / 2**30:.2f} GiB, over the " \
+               f"resident budget of {budget[0] / 2**30:.2f} GiB ({budget[1]})"
+    if declared.needs_cuda and device_type != "cuda":
+        return declared.needs_cuda
+    if declared.package is not None and name not in installed:
+        return f"{declared.package.distribution} is not installed"
+    if declared.refuses_shards and num_shards > 1:
+        return sharded_reason(declared, num_shards)
     return None
 
 
-def sharded_ffcv_reason(num_shards: int) -> str:
-    return (f"FFCV's Loader reads one .beton file, and this split is stored in {num_shards} "
-            f"shards; use --pipeline pytorch, resident or dali (or prepare without "
-            f"--shard-size)")
+def sharded_reason(declared: Capabilities, num_shards: int) -> str:
+    """Why a pipeline that `refuses_shards` cannot read this split, and which can: the most
+    widely usable first (no CUDA needed, then no memory budget to fit)."""
+    names = [name for name in auto_order() if not capabilities(name).refuses_shards]
+    # A stable sort: within each kind, auto's order.
+    names.sort(key=lambda name: (capabilities(name).needs_cuda is not None,
+                                 capabilities(name).holds_decoded_split))
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return (f"{declared.refuses_shards}, and this split is stored in {num_shards} shards; use "
+            f"--pipeline {listed} (or prepare without --shard-size)")
 
 
 def first_usable(verdicts: dict[str, str | None], *, resident_need: int,
@@ -80,7 +83,7 @@ def first_usable(verdicts: dict[str, str | None], *, resident_need: int,
     for name, why_not in verdicts.items():
         if why_not is None:
             reason = f"auto picked {name}"
-            if name == "resident":
+            if capabilities(name).holds_decoded_split:
                 reason += f" ({resident_need / 2**30:.2f} GiB decoded fits in {device} memory)"
             if passed:
                 reason += "; skipped " + "; ".join(passed)
@@ -93,18 +96,19 @@ def unavailable_reason(name: str, dataset, options: PipelineOptions) -> str | No
     """Why `name` cannot be used with this process's device, or None when it looks usable
     (cheap checks only)."""
     device = torch.device(options.device)
-    resident = name == "resident" and name in pipeline_names()
+    # Only a pipeline that holds the decoded split needs its size and the memory budget.
+    holds = name in pipeline_names() and capabilities(name).holds_decoded_split
     return why_unavailable(name, registered=pipeline_names(), installed=installed_engines(),
                            device_type=device.type,
-                           resident_need=resident_bytes(dataset, options) if resident else 0,
-                           budget=memory_budget(device) if resident else (0, ""),
+                           resident_need=resident_bytes(dataset, options) if holds else 0,
+                           budget=memory_budget(device) if holds else (0, ""),
                            num_shards=getattr(dataset, "num_shards", 1))
 
 
 def choose_pipeline(dataset, options: PipelineOptions) -> tuple[str, str]:
     """(pipeline name, one-line reason) for `dataset` with `options` (see the module docstring)."""
     verdicts: dict[str, str | None] = {}
-    for name in FALLBACK_ORDER:
+    for name in auto_order():
         verdicts[name] = unavailable_reason(name, dataset, options)
         if verdicts[name] is None:
             break
@@ -115,14 +119,14 @@ def choose_pipeline(dataset, options: PipelineOptions) -> tuple[str, str]:
 
 
 def build_auto(dataset, **options) -> tuple[Pipeline, str]:
-    """Builds the first usable pipeline in FALLBACK_ORDER; returns it with the reason.
+    """Builds the first usable pipeline in auto's order; returns it with the reason.
 
     Unlike `choose_pipeline` this also survives a builder that raises PipelineUnavailable
     (e.g. DALI installed but without a usable GPU), falling back to the next choice.
     """
     opts = PipelineOptions(**options)
     skipped: list[str] = []
-    for name in FALLBACK_ORDER:
+    for name in auto_order():
         why_not = unavailable_reason(name, dataset, opts)
         if why_not is None:
             try:

@@ -39,13 +39,18 @@ from .cpu_decode import SampleDecodeError
 from .dali_graph import (CROP_SHARED, PLACEHOLDER_RAW, PLACEHOLDER_SIDE, GraphSpec, build_graph,
                          placeholder_jpeg)
 from .ordered import OrderedPipeline
-from .registry import register_pipeline
+from .registry import Capabilities, OptionalPackage, register_pipeline
 from .transfer import as_nchw
 from .workers import choose_workers
 
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "install with: pip install 'turbotrain[dali]'"
+# Second in auto's order, on CUDA only: nvJPEG decodes on the GPU. Its CPU-only path runs when
+# asked for by name but is no reason to pick it.
+CAPABILITIES = Capabilities(
+    preference=20, needs_cuda="DALI's GPU decode needs a CUDA device", decodes_on_gpu=True,
+    package=OptionalPackage(module="nvidia.dali", distribution="nvidia-dali", label="DALI"))
 
 
 def import_dali():
@@ -303,6 +308,6 @@ def _dali_reason(error: BaseException) -> str:
     return lines[-1] if lines else type(error).__name__
 
 
-@register_pipeline("dali")
+@register_pipeline("dali", CAPABILITIES)
 def build_dali(dataset, options: PipelineOptions) -> DaliPipeline:
     return DaliPipeline(dataset, options)

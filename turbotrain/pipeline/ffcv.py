@@ -55,7 +55,7 @@ from .base import PipelineError, PipelineOptions, PipelineUnavailable
 from .cpu_decode import SampleDecodeError
 from .ffcv_decoder import STATUS, box_rows, shared_box_decoder_class
 from .ordered import OrderedPipeline
-from .registry import register_pipeline
+from .registry import Capabilities, OptionalPackage, register_pipeline
 from .workers import choose_workers
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,11 @@ BATCHES_AHEAD = 3
 # Building a Loader takes ~0.1 s; see `_within`.
 BUILD_TIMEOUT_S = 60.0
 _POLL_S = 0.5  # how often the consumer re-checks that FFCV's thread is alive
+# Last in auto's order: the pytorch pipeline measured >= 1.2x its CPU loader on the same file
+# (bench/bench_pipelines.py), so it runs when asked for by name (or when nothing before it can).
+CAPABILITIES = Capabilities(
+    preference=40, package=OptionalPackage(module="ffcv", distribution="ffcv", label="FFCV"),
+    refuses_shards="FFCV's Loader reads one .beton file")
 
 
 def import_ffcv():
@@ -256,8 +261,9 @@ class FfcvPipeline(OrderedPipeline):
                  batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S):
         num_shards = getattr(dataset, "num_shards", 1)
         if num_shards > 1:  # FFCV's Loader maps one file; it cannot read a list of shards
-            from .auto import sharded_ffcv_reason
-            raise PipelineUnavailable(f"pipeline 'ffcv': {sharded_ffcv_reason(num_shards)}")
+            from .auto import sharded_reason
+            raise PipelineUnavailable(
+                f"pipeline 'ffcv': {sharded_reason(CAPABILITIES, num_shards)}")
         super().__init__(dataset, options)
         import_ffcv()
         _patch_ffcv_state_type()
@@ -347,6 +353,6 @@ class FfcvPipeline(OrderedPipeline):
             self._iterator = None
 
 
-@register_pipeline("ffcv")
+@register_pipeline("ffcv", CAPABILITIES)
 def build_ffcv(dataset, options: PipelineOptions) -> FfcvPipeline:
     return FfcvPipeline(dataset, options)

@@ -9,7 +9,8 @@ batches into device batches (`_produce`).
 Before each pass it tells the split which shards the remaining batches read, in order
 (``split.will_read(shard_ids)``): a remote split's cache prefetches them and keeps them from
 eviction; a local split ignores the hint. A pipeline that reads nothing during an epoch
-(`resident`: it decoded the split when built) sets ``reads_during_epoch = False``.
+(`resident`: it decoded the split when built) declares ``reads_during_epoch=False`` in its
+registry.Capabilities and sets the class attribute from it.
 """
 from __future__ import annotations
 

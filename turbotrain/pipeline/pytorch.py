@@ -29,7 +29,7 @@ from .base import PipelineError, PipelineOptions
 from . import kernel
 from .cpu_decode import ONE_CV2_THREAD, BatchDecoder, DecodeAhead
 from .ordered import OrderedPipeline
-from .registry import register_pipeline
+from .registry import Capabilities, register_pipeline
 from .transfer import to_device
 from .workers import choose_workers
 
@@ -213,6 +213,12 @@ def _nothing_to_release() -> None:
     pass
 
 
-@register_pipeline("pytorch")
+# Third in auto's order: the CPU pipeline that needs nothing optional and runs anywhere;
+# measured >= 1.2x FFCV's CPU loader on the same file (bench/bench_pipelines.py), so it comes
+# before ffcv.
+CAPABILITIES = Capabilities(preference=30)
+
+
+@register_pipeline("pytorch", CAPABILITIES)
 def build_pytorch(dataset, options: PipelineOptions) -> PyTorchPipeline:
     return PyTorchPipeline(dataset, options)

@@ -35,7 +35,7 @@ from .base import PipelineOptions, PipelineUnavailable
 from .batched_crops import ResizedCrops, ShiftedCrops
 from .cpu_decode import BatchDecoder, DecodeAhead
 from .ordered import OrderedPipeline
-from .registry import register_pipeline
+from .registry import Capabilities, register_pipeline
 from .transfer import as_nchw
 from .workers import choose_workers
 
@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 RESIDENT_MEMORY_FRACTION = 0.5
 # Samples decoded per loading step: ~50 MB of 224 px images, bounded host memory.
 LOAD_CHUNK = 256
+# First in auto's order when the decoded split fits its budget: nothing is decoded after the
+# first epoch. Its batches are index slices and gathers made in the training process between
+# steps (cpu_workers = 0 below says why that leaves torch every core).
+CAPABILITIES = Capabilities(preference=10, holds_decoded_split=True, reads_during_epoch=False,
+                            loads_in_process=True)
 
 
 def memory_budget(device: torch.device) -> tuple[int, str]:
@@ -91,7 +96,8 @@ def resident_bytes(dataset, options: PipelineOptions) -> int:
 
 class ResidentPipeline(OrderedPipeline):
     name = "resident"
-    reads_during_epoch = False  # the split is decoded into the store when built
+    # The split is decoded into the store when built: no shards to announce.
+    reads_during_epoch = CAPABILITIES.reads_during_epoch
 
     def __init__(self, dataset, options: PipelineOptions):
         super().__init__(dataset, options)
@@ -197,6 +203,6 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB"
 
 
-@register_pipeline("resident")
+@register_pipeline("resident", CAPABILITIES)
 def build_resident(dataset, options: PipelineOptions) -> ResidentPipeline:
     return ResidentPipeline(dataset, options)

@@ -10,6 +10,10 @@ summary.json under "diagnosis":
   waits for Python; on any device also when the loop's own overhead (outside data and compute)
   takes at least HOST_BOUND of the time;
 * compute-bound: otherwise — the forward/backward/step is the limit.
+
+The advice names pipelines by what they declared (pipeline/registry.py): the one that holds the
+decoded split (resident), the one that decodes on the GPU (dali); worker advice is for
+pipelines that have loader workers.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
+from turbotrain.pipeline.registry import capabilities, first_pipeline
 
 # TensorFlow's profiler calls a run "highly input-bound" from 20 % of step time waiting for
 # input: removing a 20 % wait makes the run 1.25x faster, worth changing the pipeline for.
@@ -56,8 +61,8 @@ class Facts:
     conv_net: bool = True
     largest_side: int = 0  # of the stored images
     jpeg_fraction: float = 0.0
-    dali_usable: bool = False
-    resident_fits: bool = False
+    dali_usable: bool = False  # the pipeline that decodes on the GPU would open
+    resident_fits: bool = False  # ... and the one that holds the decoded split (it fits)
     peak_device_memory: int | None = None
     device_memory: int | None = None
     log_every: int = 20
@@ -114,19 +119,30 @@ def diagnose(f: Facts) -> Diagnosis:
                      numbers, _compute_steps(f, wait))
 
 
+def _holder() -> str | None:
+    """The pipeline that holds the decoded split in memory (None: none is registered)."""
+    return first_pipeline(lambda declared: declared.holds_decoded_split)
+
+
+def _gpu_decoder() -> str | None:
+    """The pipeline that decodes on the GPU (None: none is registered)."""
+    return first_pipeline(lambda declared: declared.decodes_on_gpu)
+
+
 def _input_steps(f: Facts) -> list[str]:
     steps = []
-    if f.pipeline != "resident" and f.resident_fits:
-        steps.append("`--pipeline resident`: the decoded split fits in memory, so nothing is "
+    store, gpu = _holder(), _gpu_decoder()
+    if f.pipeline != store and f.resident_fits:
+        steps.append(f"`--pipeline {store}`: the decoded split fits in memory, so nothing is "
                      "decoded after the first epoch")
-    if f.device == "cuda" and f.dali_usable and f.pipeline != "dali" and f.jpeg_fraction > 0.1:
-        steps.append("`--pipeline dali` (nvJPEG decodes on the GPU)")
+    if f.device == "cuda" and f.dali_usable and f.pipeline != gpu and f.jpeg_fraction > 0.1:
+        steps.append(f"`--pipeline {gpu}` (nvJPEG decodes on the GPU)")
     if f.jpeg_fraction > 0.1 and f.largest_side > OVERSIZED_SIDE * f.image_size:
         side = 32 * math.ceil(f.image_size / 0.875 / 32)  # the eval resize: 256 for 224
         steps.append(f"`prepare-dataset SOURCE OUT --max-side {side}`: stored images are up to "
                      f"{f.largest_side} px for {f.image_size} px training, and decode time grows "
                      "with the stored pixels")
-    if f.pipeline != "resident":
+    if not capabilities(f.pipeline).loads_in_process:  # it has loader workers to give cores
         if f.device == "cuda" and f.workers < f.cores - 1:
             steps.append(f"`--workers {f.cores - 1}` ({f.workers} of {f.cores} cores decode now)")
         elif f.device == "cpu" and f.torch_threads > 1:
@@ -155,9 +171,10 @@ def _compute_steps(f: Facts, wait: float) -> list[str]:
         steps.append(f"a larger `--batch-size` (peak {f.peak_device_memory / GiB:.1f} of "
                      f"{f.device_memory / GiB:.0f} GiB used; `--batch-size auto` with "
                      "`--global-batch-size` picks the largest that fits)")
-    if f.device == "cpu" and f.pipeline != "resident" and f.resident_fits \
+    store = _holder()
+    if f.device == "cpu" and f.pipeline != store and f.resident_fits \
             and f.torch_threads < f.cores:
-        steps.append(f"`--pipeline resident`: it needs no loader threads, so torch gets all "
+        steps.append(f"`--pipeline {store}`: it needs no loader threads, so torch gets all "
                      f"{f.cores} cores ({f.torch_threads} now)")
     elif f.device == "cpu" and f.workers >= 2 and wait < SOME_INPUT_WAIT:
         moved = f.workers // 2
@@ -209,16 +226,18 @@ def facts_of_run(run, ledger) -> Facts:
         conv_net=get_model_spec(config.model).conv,
         largest_side=largest_side(dataset) if dataset is not None else 0,
         jpeg_fraction=jpeg_fraction(dataset) if dataset is not None else 0.0,
-        dali_usable=_usable("dali", dataset, run),
-        resident_fits=dataset is not None and _usable("resident", dataset, run),
+        dali_usable=_usable(_gpu_decoder(), dataset, run),
+        resident_fits=dataset is not None and _usable(_holder(), dataset, run),
         peak_device_memory=peak_device_memory_bytes(device),
         device_memory=device_memory_bytes(device), log_every=config.log_every)
 
 
-def _usable(name: str, dataset, run) -> bool:
+def _usable(name: str | None, dataset, run) -> bool:
     """Whether `--pipeline name` would open for this run (auto's own cheap checks)."""
     from turbotrain.pipeline import PipelineOptions
     from turbotrain.pipeline.auto import unavailable_reason
+    if name is None:
+        return False
     options = PipelineOptions(train=True, batch_size=run.config.batch_size,
                               image_size=run.config.image_size, device=run.device)
     return unavailable_reason(name, dataset, options) is None

@@ -176,14 +176,20 @@ def check_batch(loaded: LoadedModel, args) -> tuple[torch.Tensor, str]:
 
 
 def _dataset_images(loaded: LoadedModel, data) -> tuple[torch.Tensor, str]:
-    """The first CHECK_BATCH images of the val split (else train) through the eval pipeline."""
+    """The first CHECK_BATCH images of the val split (else train) through the eval pipeline:
+    the first in auto's order that runs on a CPU with nothing optional installed and decodes
+    batch by batch (the pytorch pipeline: holding the decoded split would decode all of it
+    for one batch)."""
     from turbotrain.pipeline import build_pipeline
+    from turbotrain.pipeline.registry import first_pipeline
 
     from .data import open_split, open_val_split
     split, _ = open_val_split(data)
     if split is None:
         split = open_split(data, "train")
-    pipeline = build_pipeline("pytorch", split, train=False, batch_size=CHECK_BATCH,
+    name = first_pipeline(lambda declared: declared.needs_cuda is None and
+                          declared.package is None and not declared.holds_decoded_split)
+    pipeline = build_pipeline(name, split, train=False, batch_size=CHECK_BATCH,
                               image_size=loaded.card.image_size, device=torch.device("cpu"),
                               workers=1)
     try:

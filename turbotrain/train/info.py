@@ -42,13 +42,16 @@ def _version(*distributions: str) -> str | None:
     return None
 
 
-def _dali_version() -> str | None:
-    """DALI ships as nvidia-dali-cudaXYZ; which one is installed names the CUDA it targets."""
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower()
-        if name.startswith("nvidia-dali"):
-            return f"{dist.version} ({name})"
-    return None
+def engine_versions() -> dict[str, str]:
+    """label -> version of each registered pipeline's optional package ("DALI", "FFCV"), as
+    the pipelines declare it (registry.OptionalPackage)."""
+    from turbotrain.pipeline.registry import capabilities, pipeline_names
+    found = {}
+    for name in pipeline_names():
+        package = capabilities(name).package
+        if package is not None:
+            found[package.label] = package.version() or "not installed"
+    return found
 
 
 def pillow_build(version: str) -> str:
@@ -70,10 +73,8 @@ def versions() -> dict:
     found = {"python": platform.python_version(), "torch": torch.__version__,
              "torch CUDA": torch.version.cuda or "none (CPU build)",
              "cuDNN": str(torch.backends.cudnn.version()) if torch.cuda.is_available() else None,
-             "torchvision": _version("torchvision"),
-             "DALI": _dali_version() or "not installed",
-             "FFCV": _version("ffcv") or "not installed", "numba": _version("numba"),
-             "numpy": _version("numpy")}
+             "torchvision": _version("torchvision"), **engine_versions(),
+             "numba": _version("numba"), "numpy": _version("numpy")}
     try:
         import PIL
         from PIL import features
@@ -130,15 +131,16 @@ def gpus(machine=None) -> list[dict]:
 
 def pipelines(planned, facts=None) -> dict[str, str]:
     """name -> "usable" or why not, on the plan's machine and device (auto's own rule).
-    Without a dataset, `resident` states its budget."""
+    Without a dataset, a pipeline that holds the decoded split (resident) states its budget."""
     from turbotrain.pipeline.auto import why_unavailable
+    from turbotrain.pipeline.registry import capabilities
     from turbotrain.pipeline.resident import budget_of
     machine, device = planned.machine, planned.device
     gpu = machine.gpu if device.type == "cuda" else None
     budget = budget_of(gpu.free if gpu is not None else machine.ram_bytes, device)
     status = {}
     for name in machine.pipelines:
-        if name == "resident" and facts is None:
+        if facts is None and capabilities(name).holds_decoded_split:
             status[name] = (f"usable when the decoded split fits in {budget[0] / 2**30:.1f} GiB "
                             f"({budget[1]})")
             continue

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from turbotrain.pipeline.registry import auto_order, capabilities
 from turbotrain.pipeline.resident import budget_of
 from turbotrain.pipeline.workers import ThreadPlan, after_pipeline, split_cores
 
@@ -38,9 +39,6 @@ ORDER = ("device", "resume", "host_memory", "evaluation", "image_size", "model",
          "batch_size", "accum_steps", "lr", "weight_decay", "worker_mode", "precision",
          "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
          "warmup_steps")
-# Pipelines that make their batches in the training process, between steps, and so leave
-# torch every core (their `cpu_workers` is 0: resident.py says why).
-LOADS_IN_PROCESS = ("resident",)
 _NOT_LISTED = object()
 
 
@@ -128,8 +126,9 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     need, room = _resident_room(config, facts, machine, d["device"].value)
     pipeline = _pipeline(d, config, machine, observed, need, room)
     config = config.replace(order=_order(d, config, facts, machine, pipeline))
-    # The resident store is decoded after the batch is chosen: a search leaves it room.
-    reserve = need if pipeline == "resident" and need <= room[0] else 0
+    # A store of the decoded split is filled after the batch is chosen: a search leaves it room.
+    holds = capabilities(pipeline).holds_decoded_split
+    reserve = need if holds and need <= room[0] else 0
     batch, search = _batch(d, config, facts, machine, spec, reserve, observed)
     config = _optimizer(d, config.replace(batch_size=batch), facts, machine, spec, weights)
     budget, threads = _threads(d, config, facts, machine, device, pipeline, observed)
@@ -180,7 +179,9 @@ def _worker_mode(d: dict, config: TrainConfig) -> str:
 def _order(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine,
            pipeline: str) -> str:
     return _decide(d, "order", rules.order(
-        config.order, pipeline=pipeline, stored_bytes=facts.stored_bytes,
+        config.order, pipeline=pipeline,
+        reads_during_epoch=capabilities(pipeline).reads_during_epoch,
+        stored_bytes=facts.stored_bytes,
         ram_bytes=machine.ram_bytes, cache_limit=facts.cache_limit,
         same_label_neighbours=facts.same_label_neighbours))
 
@@ -257,17 +258,17 @@ def _model(d: dict, config: TrainConfig, facts: DatasetFacts, device: str,
 
 def _pipeline(d: dict, config: TrainConfig, machine: Machine, observed: Observed, need: int,
               budget: tuple[int, str]) -> str:
-    """Asked for, else the first usable in auto's FALLBACK_ORDER on this machine (`need`: the
-    resident store's bytes, `budget`: its memory budget there), skipping any that failed to
-    open (PipelineError when none is left)."""
+    """Asked for, else the first usable in auto's order on this machine (`need`: the resident
+    store's bytes, `budget`: its memory budget there), skipping any that failed to open
+    (PipelineError when none is left)."""
     if config.pipeline != AUTO:
         return _decide(d, "pipeline", Decision(config.pipeline, "asked for"))
-    from turbotrain.pipeline.auto import FALLBACK_ORDER, first_usable, why_unavailable
+    from turbotrain.pipeline.auto import first_usable, why_unavailable
     device = d["device"].value
     failed = dict(observed.unopenable)
     verdicts = {name: failed.get(name) or why_unavailable(
         name, registered=machine.pipelines, installed=machine.installed,
-        device_type=device.type, resident_need=need, budget=budget) for name in FALLBACK_ORDER}
+        device_type=device.type, resident_need=need, budget=budget) for name in auto_order()}
     return _decide(d, "pipeline", Decision(*first_usable(verdicts, resident_need=need,
                                                          device=device)))
 
@@ -324,8 +325,10 @@ def _threads(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine
     threads = budget
     if config.threads is None:
         opened = observed.pipeline
+        # Before opening: a pipeline that makes its batches in the training process leaves
+        # torch every core (its `cpu_workers` is 0: resident.py says why).
         used = (opened.cpu_workers if opened is not None else
-                0 if pipeline in LOADS_IN_PROCESS else None)
+                0 if capabilities(pipeline).loads_in_process else None)
         threads = after_pipeline(budget, used, pipeline, device)
     d["threads"] = Decision(f"{threads.workers} pipeline workers + {threads.torch_threads} "
                             f"torch threads on {threads.cores} cores", threads.reason)

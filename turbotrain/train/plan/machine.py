@@ -7,11 +7,13 @@ tests), so a plan for them can be computed, printed and tested anywhere.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-# The optional engines and registered pipelines a preset assumes: a full install.
-FULL_INSTALL = frozenset({"dali", "ffcv"})
-BUILTIN_PIPELINES = ("dali", "ffcv", "pytorch", "resident")
+from turbotrain.pipeline.registry import optional_engines, pipeline_names
+
+
+def _registered_pipelines() -> tuple[str, ...]:
+    return tuple(pipeline_names())
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,11 @@ class Machine:
     world_size: int = 1  # torchrun's WORLD_SIZE: ranks in the job
     local_world_size: int = 1  # ranks on this node (LOCAL_WORLD_SIZE)
     local_rank: int = 0  # this process's place on the node: its GPU
-    pipelines: tuple[str, ...] = BUILTIN_PIPELINES  # the registered pipelines
-    installed: frozenset[str] = FULL_INSTALL  # the optional engines importable
+    # The registered pipelines and those whose optional package imports (registry.py). By
+    # default a full install: every pipeline registered when the Machine is made, every
+    # optional engine importable (what a preset assumes).
+    pipelines: tuple[str, ...] = field(default_factory=_registered_pipelines)
+    installed: frozenset[str] = field(default_factory=optional_engines)
     platform: str = "linux"
     name: str = "this machine"
 
@@ -82,7 +87,6 @@ class Machine:
         import torch
 
         from turbotrain import host
-        from turbotrain.pipeline import pipeline_names
         from turbotrain.pipeline.auto import installed_engines
 
         if env is None:

@@ -333,17 +333,18 @@ PAGE_CACHE_SHARE = 0.5
 CLASS_ORDER_SHARE = 0.5
 
 
-def order(requested: str, *, pipeline: str, stored_bytes: int, ram_bytes: int,
-          cache_limit: int | None, same_label_neighbours: float) -> Decision:
+def order(requested: str, *, pipeline: str, reads_during_epoch: bool, stored_bytes: int,
+          ram_bytes: int, cache_limit: int | None, same_label_neighbours: float) -> Decision:
     """`--order`: random (a full shuffle each epoch) unless the stored split outgrows the page
     cache or the remote cache limit, then quasi-random (pipeline/order.py), which needs only
-    a window of shards at a time."""
+    a window of shards at a time. `reads_during_epoch`: what `pipeline` declared (a pipeline
+    that holds the decoded split reads nothing then)."""
     if requested != "auto":
         return Decision(requested, "asked for")
     gib = 2**30
     size = f"the stored split ({stored_bytes / gib:.1f} GiB)"
-    if pipeline == "resident":
-        return Decision("random", "resident holds the decoded split: nothing is read from "
+    if not reads_during_epoch:
+        return Decision("random", f"{pipeline} holds the decoded split: nothing is read from "
                         "disk during an epoch")
     budget = int(ram_bytes * PAGE_CACHE_SHARE)
     if cache_limit is not None and stored_bytes > cache_limit:
