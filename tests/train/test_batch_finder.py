@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from turbotrain.train import batch_finder as bf
+from turbotrain.train.plan import rules
 from turbotrain.train.models import build_model, get_model_spec
 
 from .conftest import FAST
@@ -181,9 +182,9 @@ def test_cuda_search_runs_real_steps_on_the_gpu():
 
 
 def test_divisor_for_a_global_batch():
-    assert bf.divisor_at_most(1024, 300) == 256
-    assert bf.divisor_at_most(96, 40) == 32
-    assert bf.divisor_at_most(7, 5) == 1
+    assert rules.divisor_at_most(1024, 300) == 256
+    assert rules.divisor_at_most(96, 40) == 32
+    assert rules.divisor_at_most(7, 5) == 1
 
 
 def test_global_batch_size_sets_the_accumulation(train_cli, tiny_dataset, tmp_path):

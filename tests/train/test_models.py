@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from turbotrain.train.errors import TrainError
-from turbotrain.train.models import (InputStem, auto_model, build_model,
+from turbotrain.train.models import (InputStem, build_model,
                                      deterministic_global_pools, get_model_spec, model_names)
+from turbotrain.train.plan.rules import model as auto_model
 
 
 @pytest.mark.parametrize("name", model_names())

@@ -1,4 +1,4 @@
-"""Parameter groups, LR scaling, warm-up + decay, and the EMA."""
+"""Parameter groups, warm-up + decay, and the EMA (the LR and warm-up rules: test_recipe.py)."""
 from __future__ import annotations
 
 import itertools
@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from turbotrain.train.ema import ModelEMA
-from turbotrain.train.schedule import (PEAK_LR, SCHEDULES, LRSchedule, auto_warmup_steps,
-                                       build_optimizer, lr_at, param_groups, scaled_lr)
+from turbotrain.train.schedule import (PEAK_LR, SCHEDULES, LRSchedule, build_optimizer, lr_at,
+                                       param_groups)
 
 
 def test_no_weight_decay_on_norms_and_biases():
@@ -21,11 +21,6 @@ def test_no_weight_decay_on_norms_and_biases():
     assert len(no_decay["params"]) == 4  # conv bias, BN weight and bias, linear bias
     optimizer = build_optimizer(model, name="sgd", lr=0.1, weight_decay=5e-4, momentum=0.9)
     assert optimizer.defaults["nesterov"] is True
-
-
-def test_lr_scales_with_the_global_batch():
-    assert scaled_lr(0.1, 512, "sgd") == pytest.approx(0.2)
-    assert scaled_lr(1e-3, 1024, "adamw") == pytest.approx(2e-3)  # square root for AdamW
 
 
 @pytest.mark.parametrize("kind", ["cosine", "linear"])
@@ -92,10 +87,6 @@ def test_the_same_lrs_as_the_lambdalr_it_replaced(kind, total, warmup):
         scheduler.step()
     assert [g[PEAK_LR] for g in new.param_groups] == [0.4, 0.4 * 0.65**3]
 
-
-def test_auto_warmup():
-    assert auto_warmup_steps(10) == 1 and auto_warmup_steps(1000) == 50
-    assert auto_warmup_steps(10**6) == 2000
 
 
 def test_ema_follows_the_weights_with_a_ramped_decay():

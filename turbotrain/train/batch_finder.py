@@ -257,9 +257,3 @@ def _estimate_cpu(build, *, image_size, precision, channels_last, optimizer, lim
     return BatchFit(batch, limit, how)
 
 
-def divisor_at_most(total: int, most: int) -> int:
-    """The largest divisor of `total` that is <= `most` (a micro-batch for a global batch)."""
-    for candidate in range(min(total, most), 0, -1):
-        if total % candidate == 0:
-            return candidate
-    return 1

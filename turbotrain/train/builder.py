@@ -28,7 +28,7 @@ from .distributed import (DistEnv, broadcast_object, convert_sync_batchnorm,
                           init_process_group, wrap_model)
 from .ema import ModelEMA
 from .errors import TrainError
-from .finetune import from_weights, optimizer_groups, start_model, weights_facts
+from .finetune import optimizer_groups, start_model, weights_facts
 from .loader import Loader, open_planned, pipeline_options
 from .loop import StepEngine, make_engine
 from .mixing import mixer_for
@@ -85,7 +85,7 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     model = start_model(planned.spec, config, train_data, resuming=bool(config.resume),
                         decide=decide)
     config, run_dir, resume_state = _open_run_dir(config, env)
-    fresh = resume_state is None and not from_weights(config)
+    fresh = resume_state is None and not config.from_weights
     train_model, ema = _place_model(model, planned, env, train_pipeline if fresh else None,
                                     decide)
     n = train_data.num_classes

@@ -244,6 +244,11 @@ class TrainConfig:
             raise TrainError(f"--resume takes no value or 'auto', not {self.resume!r}")
         parse_model_kwargs(self.model_kwargs)
 
+    @property
+    def from_weights(self) -> bool:
+        """Whether the run starts from weights: --pretrained or --init-from."""
+        return bool(self.pretrained) or self.init_from is not None
+
     def to_saved_dict(self) -> dict:
         """The fields that describe the run (not `resume`/`config`), for RUNDIR/config.yaml."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
-from turbotrain.datasets.format import MODE_JPEG
 from turbotrain.pipeline import Pipeline, build_auto, build_pipeline
+
+from .plan import rules
+from .plan.facts import largest_side
 
 
 def open_split(path: str, split: str, **cache):
@@ -36,19 +36,8 @@ def open_val_split(path: str, **cache):
     return open_split(path, "val", **cache), ""
 
 
-def jpeg_fraction(dataset) -> float:
-    modes = np.asarray(dataset.modes)
-    return float((modes == MODE_JPEG).mean()) if modes.size else 0.0
-
-
-def largest_side(dataset) -> int:
-    heights, widths = np.asarray(dataset.heights), np.asarray(dataset.widths)
-    return int(max(heights.max(initial=0), widths.max(initial=0)))
-
-
 def auto_image_size(dataset, device_type: str) -> tuple[int, str]:
     """`--image-size auto` for an open split (the rule: plan/rules.py image_size)."""
-    from .plan import rules
     decision = rules.image_size(largest_side(dataset), len(dataset), device_type)
     return decision.value, decision.reason
 

@@ -204,7 +204,7 @@ def _host_steps(f: Facts) -> list[str]:
 def facts_of_run(run, ledger) -> Facts:
     """`run`: builder.Run; `ledger`: its ledger.StepLedger, the same totals summary.json's
     throughput and data-wait fraction come from."""
-    from .data import jpeg_fraction, largest_side
+    from .plan.facts import jpeg_fraction, largest_side
     from .device import cpu_has_native_bf16, device_memory_bytes, peak_device_memory_bytes
     from .models import get_model_spec
     config, device = run.config, run.device

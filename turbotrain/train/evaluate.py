@@ -107,7 +107,8 @@ def evaluate_split(loaded: LoadedModel, split, *, batch_size: int | None = None,
                    pipeline: str | None = None, workers: int | None = None) -> dict:
     """Runs the model over the whole split with the trainer's val pipeline; returns the
     numbers eval.json holds (without the per-class names' file paths)."""
-    from .data import jpeg_fraction, open_pipeline
+    from .data import open_pipeline
+    from .plan.facts import jpeg_fraction
     check_classes(split, loaded.card)
     settings, card = loaded.settings, loaded.card
     batch_size = batch_size or settings.get("batch_size") or DEFAULT_BATCH

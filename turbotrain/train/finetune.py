@@ -25,7 +25,8 @@ What is decided here, each printed as a decision line:
   classes (continuing a task: a run's card names them, or a published model's class count
   matches) it is SAME_TASK_LR_FACTOR = 0.1 times the from-scratch rate: the weights already
   solve the task, and small steps keep what they know. On other classes (a fresh head) it
-  stays the from-scratch rate, because the features must move too; see NEW_TASK_LR_FACTOR.
+  stays the from-scratch rate, because the features must move too (plan/recipe.py has the
+  numbers and the measurements).
   With --freeze-backbone a fresh head learns alone, at the from-scratch rate.
 
 On `--resume` none of this loads anything: the checkpoint holds the weights, and the saved
@@ -44,35 +45,9 @@ from .errors import TrainError
 from .models import Classifier, ModelSpec, build_model, get_model_spec
 from .weights_in import Start, init_card, init_start, pretrained_start, source_classes
 
-# The recipe, measured on Fashion-MNIST on the 2-core dev box: compact28 trained on 5,000
-# images of classes 0-4 (tops: 1 epoch, 83% val; 3 epochs, 89%), then trained on 1,000 images
-# of classes 5-9 (shoes, bags, shirts: a fresh head) at batch 64, val accuracy after 15/30/45/60
-# steps (1,000 val images):
-#   from scratch (0.1)                       58 / 76 / 87 / 92 %
-#   from the 3-epoch run, lr x0.1 (0.01)     65 / 71 / 78 / 80 %
-#                         lr x0.3            69 / 80 / 88 / 89 %
-#                         lr x1 (0.1)        81 / 92 / 93 / 93 %
-#   from the 1-epoch run, x0.1 uniform       58 / 68 / 76 / 76 %
-#                         head x1, rest x0.1 62 / 85 / 88 / 88 %
-#                         x1                 83 / 91 / 93 / 93 %
-# So on new classes the usual 0.1x (tuned for ImageNet weights on similar photos) starts slower
-# than training from scratch: the features must change, as Li et al. (ICLR 2020, "Rethinking
-# the hyperparameters for fine-tuning") found for targets unlike the source. On the same
-# classes (continuing the 3-epoch run on its own data for 78 steps) x0.1, x0.3 and x1 all end
-# at 89.2-89.7% from 89.0%: no loss from small steps, which keep the start intact.
-NEW_TASK_LR_FACTOR = 1.0
-SAME_TASK_LR_FACTOR = 0.1
-# 5% (from scratch) protects random weights from the first large steps; weights that already
-# work need less. On the new-class runs above (x1), 1 warm-up step (2% of 60) against 3 (5%):
-# 83/91/93/93 against 82/90/93/93 % (1-epoch source), 81/92/93/93 against 80/92/93/93 %
-# (3-epoch source): never worse, up to 2 points better early.
-FINETUNE_WARMUP_FRACTION = 0.02  # of the run's steps, at least 1
+# The recipe's numbers (the LR factors, the warm-up) and the measurements behind them: plan/recipe.py.
 PRETRAINED_AUTO_MODEL = "resnet18"
 NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
-
-
-def from_weights(config: TrainConfig) -> bool:
-    return bool(config.pretrained) or config.init_from is not None
 
 
 # ---------------------------------------------------------------------------- auto settings
@@ -106,7 +81,7 @@ def weights_facts(config: TrainConfig):
     published metadata; a failure is kept in `error`, for the plan to raise when it needs the
     weights (with --resume auto it may not: a resumed run has them in its checkpoint)."""
     from .plan import WeightsFacts
-    if not from_weights(config) or config.resume is True:
+    if not config.from_weights or config.resume is True:
         return None
     try:
         hint = weights_hint(config)
@@ -122,33 +97,6 @@ def weights_facts(config: TrainConfig):
                         source_names=None if names is None else tuple(names))
 
 
-def lr_factor(config: TrainConfig, weights, num_classes: int, class_names
-              ) -> tuple[float, str]:
-    """(factor on the automatic LR, reason suffix) for a run that starts from `weights`
-    (plan.WeightsFacts; None: random weights); see the recipe in the module docstring."""
-    if weights is None or not from_weights(config) or config.resume is True:
-        return 1.0, ""
-    if config.freeze_backbone:
-        return 1.0, "; --freeze-backbone: a fresh head learns alone, at the from-scratch rate"
-    count, names = weights.source_classes, weights.source_names
-    if count == num_classes and (names is None or tuple(names) == tuple(class_names)):
-        return SAME_TASK_LR_FACTOR, (f", x{SAME_TASK_LR_FACTOR}: the starting weights were "
-                                     "trained on these classes; small steps keep what they know")
-    why = ("the starting weights learnt other classes" if count is not None else
-           "the starting weights name no classes (a plain state_dict): taken as new ones")
-    return NEW_TASK_LR_FACTOR, (f"; the from-scratch rate: {why}, so their features must move "
-                                "too (measured faster than x0.1 on new classes: finetune.py)")
-
-
-def auto_warmup(config: TrainConfig, total: int, scratch: int) -> tuple[int, str]:
-    """(warm-up steps, reason) for --warmup-steps auto; `scratch`: the from-scratch value."""
-    if not from_weights(config):
-        return scratch, f"5% of the {total} steps"
-    steps = max(1, round(FINETUNE_WARMUP_FRACTION * total))
-    return steps, (f"{FINETUNE_WARMUP_FRACTION:.0%} of the {total} steps: starting from "
-                   "weights needs a shorter warm-up than 5%")
-
-
 # ---------------------------------------------------------------------------- the model
 
 def start_model(spec: ModelSpec, config: TrainConfig, dataset, *, resuming: bool,
@@ -158,7 +106,7 @@ def start_model(spec: ModelSpec, config: TrainConfig, dataset, *, resuming: bool
     n = dataset.num_classes
     if spec.note:
         decide("img_size", spec.kwargs.get("img_size", "not passed"), spec.note)
-    if resuming or not from_weights(config):
+    if resuming or not config.from_weights:
         model = build_model(spec, n, dataset.mean, dataset.std)
     else:
         start = pretrained_start(spec, n) if config.pretrained else init_start(config.init_from)

@@ -237,7 +237,3 @@ def deterministic_global_pools(model: nn.Module) -> int:
 
 def build_model(spec: ModelSpec, num_classes: int, mean=None, std=None) -> Classifier:
     return Classifier(spec.build(num_classes), mean, std)
-
-
-# `--model auto`: the rule and its measurements are in plan/rules.py (model); importable here too.
-from .plan.rules import LARGE_SET, model as auto_model  # noqa: E402,F401

@@ -4,7 +4,8 @@ Norm weights and biases (every parameter with fewer than 2 dimensions) get no we
 decaying a BatchNorm scale only changes the effective learning rate of the layer before it and
 costs accuracy on short runs.
 
-The learning rate is a pure function of the optimizer step (`lr_at`, like nanoGPT's get_lr):
+The peak learning rate, the warm-up length and the weight decay are the plan's (plan/recipe.py);
+this module applies them. The learning rate is a pure function of the optimizer step (`lr_at`, like nanoGPT's get_lr):
 the training step sets each parameter group's LR from it (`LRSchedule.apply`), so there is no
 scheduler state to save, restore or patch on resume; the step count is the run's own counter.
 Each group's peak is its "lr" when the optimizer was built, kept in the group as "initial_lr"
@@ -17,19 +18,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-
-REFERENCE_BATCH = 256  # learning rates are quoted per 256 images of global batch
-
-
-def scaled_lr(base_lr_per_256: float, global_batch: int, optimizer: str) -> float:
-    """SGD: linear scaling (Goyal et al. 2017). AdamW: square-root scaling, since its update size
-    does not grow with the gradient's size the way SGD's does."""
-    ratio = global_batch / REFERENCE_BATCH
-    return base_lr_per_256 * (ratio if optimizer == "sgd" else math.sqrt(ratio))
-
-
-ADAMW_LR_PER_256 = 1e-3
-ADAMW_WEIGHT_DECAY = 0.05
 
 SCHEDULES = ("cosine", "linear", "onecycle")
 # The parameter-group key holding a group's peak LR (per-group scales of --layer-decay and the
@@ -101,7 +89,3 @@ class LRSchedule:
         for group in optimizer.param_groups:
             group["lr"] = self.lr(step, group[PEAK_LR])
 
-
-def auto_warmup_steps(total_steps: int) -> int:
-    """5% of the run, at least 1 and at most 2000 steps."""
-    return int(min(2000, max(1, round(0.05 * total_steps))))

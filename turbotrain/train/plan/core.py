@@ -23,13 +23,19 @@ from dataclasses import dataclass
 
 import torch
 
+from turbotrain.pipeline.auto import first_usable, why_unavailable
 from turbotrain.pipeline.registry import auto_order, capabilities
 from turbotrain.pipeline.resident import budget_of
 from turbotrain.pipeline.workers import ThreadPlan, after_pipeline, split_cores
 
+# The plan imports leaf modules only (tests/train/test_plan_imports.py): none of these imports
+# anything that leads back here.
+from ..checkpoint import CHECKPOINT_NAME
 from ..config import AUTO, TrainConfig
 from ..errors import TrainError
-from . import rules
+from ..model_args import canonical, parse_model_kwargs
+from ..models import get_model_spec
+from . import recipe, rules
 from .facts import DatasetFacts, WeightsFacts
 from .machine import Machine
 from .rules import BatchSearch, Decision
@@ -201,7 +207,6 @@ def _resume(d: dict, config: TrainConfig, observed: Observed) -> TrainConfig:
     if observed.out_names is _NOT_LISTED:  # info, tune: not started, --out not looked at
         d["resume"] = Decision(AUTO, "decided at start from what --out holds")
         return config
-    from ..checkpoint import CHECKPOINT_NAME
     d["resume"] = rules.resume(config.out, observed.out_names, CHECKPOINT_NAME)
     return config.replace(resume=d["resume"].value)
 
@@ -217,8 +222,7 @@ def _host_memory(machine: Machine, observed: Observed) -> Decision:
 
 
 def _weights(config: TrainConfig, observed: Observed) -> WeightsFacts | None:
-    from ..finetune import from_weights
-    if config.resume is True or not from_weights(config):
+    if config.resume is True or not config.from_weights:
         return None
     weights = observed.weights
     if weights is not None and weights.error:
@@ -230,8 +234,6 @@ def _model(d: dict, config: TrainConfig, facts: DatasetFacts, device: str,
            weights: WeightsFacts | None):
     """Image size, model and its arguments: asked for, else what the starting weights imply,
     else the rules for the data and the device."""
-    from ..model_args import canonical, parse_model_kwargs
-    from ..models import get_model_spec
     hint = weights or WeightsFacts()
     size = config.image_size
     if size is None and hint.image_size is not None:
@@ -263,7 +265,6 @@ def _pipeline(d: dict, config: TrainConfig, machine: Machine, observed: Observed
     (PipelineError when none is left)."""
     if config.pipeline != AUTO:
         return _decide(d, "pipeline", Decision(config.pipeline, "asked for"))
-    from turbotrain.pipeline.auto import first_usable, why_unavailable
     device = d["device"].value
     failed = dict(observed.unopenable)
     verdicts = {name: failed.get(name) or why_unavailable(
@@ -297,7 +298,6 @@ def _batch(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine, 
 def _optimizer(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine, spec,
                weights: WeightsFacts | None) -> TrainConfig:
     """Accumulation, the checks against the split's size, LR, weight decay, worker mode."""
-    from ..finetune import lr_factor
     world, batch = machine.world_size, config.batch_size
     accum = config.accum_steps
     if config.global_batch_size is not None:
@@ -306,12 +306,13 @@ def _optimizer(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machi
     rules.check_batch_fits_split(batch, accum, world, facts.train_count)
     lr = config.lr
     if lr is None:
-        factor = lr_factor(config, weights, facts.num_classes, facts.class_names)
-        lr = _decide(d, "lr", rules.learning_rate(config.optimizer, spec,
-                                                  batch * world * accum, factor))
+        factor = recipe.lr_factor(weights, freeze_backbone=config.freeze_backbone,
+                                  num_classes=facts.num_classes, class_names=facts.class_names)
+        lr = _decide(d, "lr", recipe.learning_rate(config.optimizer, spec,
+                                                   batch * world * accum, factor))
     decay = config.weight_decay
     if decay is None:
-        decay = _decide(d, "weight_decay", rules.weight_decay(config.optimizer, spec))
+        decay = _decide(d, "weight_decay", recipe.weight_decay(config.optimizer, spec))
     mode = _worker_mode(d, config)
     return config.replace(accum_steps=accum, lr=lr, weight_decay=decay, worker_mode=mode)
 
@@ -339,8 +340,6 @@ def _schedule(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machin
               pipeline: str, observed: Observed) -> tuple[TrainConfig, int, int]:
     """Steps per epoch (the opened pipeline's batches, else predicted: this rank's share of the
     split in whole batches), the run's length and the warm-up."""
-    from ..finetune import auto_warmup
-    from ..schedule import auto_warmup_steps
     if observed.pipeline is not None:
         batches = observed.pipeline.batches
     else:
@@ -355,5 +354,5 @@ def _schedule(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machin
     warmup = config.warmup_steps
     if warmup is None:
         warmup = _decide(d, "warmup_steps",
-                         Decision(*auto_warmup(config, total, auto_warmup_steps(total))))
+                         recipe.warmup_steps(total, from_weights=config.from_weights))
     return config.replace(warmup_steps=warmup), steps, total

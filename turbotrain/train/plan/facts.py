@@ -6,7 +6,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
+import torch
+
+from turbotrain.datasets.format import MODE_JPEG, SMALL_IMAGE_MAX_SIDE
+from turbotrain.pipeline.base import PipelineOptions
+from turbotrain.pipeline.order import stored_bytes
+from turbotrain.pipeline.resident import resident_bytes
+
+
+def jpeg_fraction(dataset) -> float:
+    """The share of a split's samples stored as JPEG (the thread rule weighs decode work by it)."""
+    modes = np.asarray(dataset.modes)
+    return float((modes == MODE_JPEG).mean()) if modes.size else 0.0
+
+
+def largest_side(dataset) -> int:
+    heights, widths = np.asarray(dataset.heights), np.asarray(dataset.widths)
+    return int(max(heights.max(initial=0), widths.max(initial=0)))
 
 
 @dataclass(frozen=True)
@@ -28,9 +44,6 @@ class DatasetFacts:
     @classmethod
     def of(cls, train, val=None, val_missing: str = "no val split") -> DatasetFacts:
         """From opened splits (datasets.open_dataset); `val_missing`: why `val` is None."""
-        from turbotrain.pipeline.order import stored_bytes
-
-        from ..data import jpeg_fraction, largest_side
         labels = np.asarray(train.labels)
         same = float((labels[1:] == labels[:-1]).mean()) if len(labels) > 1 else 0.0
         return cls(train_count=len(train), largest_side=largest_side(train),
@@ -49,10 +62,6 @@ class DatasetFacts:
     def resident_bytes(self, image_size: int, *, train: bool = True) -> int:
         """Bytes of the resident pipeline's decoded store of the train split at `image_size`
         (its own StoreLayout, fed these facts instead of the split)."""
-        import torch
-
-        from turbotrain.pipeline import PipelineOptions
-        from turbotrain.pipeline.resident import resident_bytes
         options = PipelineOptions(train=train, batch_size=1, image_size=image_size,
                                   device=torch.device("cpu"))
         return resident_bytes(_Sizes(self), options)

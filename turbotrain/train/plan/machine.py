@@ -9,7 +9,13 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, replace
 
+import torch
+
+from turbotrain import host
+from turbotrain.pipeline.auto import installed_engines
 from turbotrain.pipeline.registry import optional_engines, pipeline_names
+
+from ..distributed import dist_env_from_environ
 
 
 def _registered_pipelines() -> tuple[str, ...]:
@@ -84,13 +90,7 @@ class Machine:
         """This machine, seen from this process. `env`: torchrun's ranks (a DistEnv; from the
         environment when None). Reads the affinity, /proc/meminfo and the cgroup limit,
         /proc/cpuinfo (once), and on CUDA each GPU's properties and this rank's free memory."""
-        import torch
-
-        from turbotrain import host
-        from turbotrain.pipeline.auto import installed_engines
-
         if env is None:
-            from ..distributed import dist_env_from_environ
             env = dist_env_from_environ()
         cpu = host.cpu_info()
         if cpu.read:

@@ -223,8 +223,15 @@ class BatchSearch:
         """The largest batch the search can end with (what a plan without it assumes)."""
         if self.global_batch is None:
             return self.limit
-        from ..batch_finder import divisor_at_most
         return divisor_at_most(self.preferred, self.limit)
+
+
+def divisor_at_most(total: int, most: int) -> int:
+    """The largest divisor of `total` that is <= `most` (a micro-batch for a global batch)."""
+    for candidate in range(min(total, most), 0, -1):
+        if total % candidate == 0:
+            return candidate
+    return 1
 
 
 def batch_search(*, preferred: tuple[int, str], global_batch: int | None, world_size: int,
@@ -244,7 +251,6 @@ def batch_from_fit(search: BatchSearch, fit, *, count: int, model: str, image_si
                    ) -> Decision:
     """The micro-batch a BatchFit (batch_finder's answer) allows: the largest that fits, up to
     the search's limit; with --global-batch-size the largest divisor of the rank's share."""
-    from ..batch_finder import divisor_at_most
     if fit.batch_size < 1:
         raise TrainError(f"not even one {image_size} px image fits in memory for {model} "
                          f"({fit.how}); try a smaller --image-size or --model")
@@ -288,30 +294,7 @@ def check_batch_fits_split(batch: int, accum: int, world_size: int, count: int) 
 
 
 # ---------------------------------------------------------------------------- optimizer
-
-def learning_rate(optimizer: str, spec, global_batch: int, factor: tuple[float, str]
-                  ) -> Decision:
-    """The peak LR: per 256 images, scaled with the global batch (schedule.scaled_lr), times
-    the fine-tuning factor (finetune.lr_factor)."""
-    from ..schedule import ADAMW_LR_PER_256, scaled_lr
-    if optimizer == "sgd":
-        lr = scaled_lr(spec.sgd_lr, global_batch, "sgd")
-        why = f"{spec.name}'s {spec.sgd_lr} per 256 images x {global_batch}/256"
-    else:
-        lr = scaled_lr(ADAMW_LR_PER_256, global_batch, "adamw")
-        why = f"AdamW {ADAMW_LR_PER_256} per 256 images x sqrt({global_batch}/256)"
-    scale, more = factor
-    if scale != 1.0:
-        lr = float(f"{lr * scale:.6g}")  # 0.0025, not 0.0025000000000000005
-    return Decision(lr, why + more)
-
-
-def weight_decay(optimizer: str, spec) -> Decision:
-    from ..schedule import ADAMW_WEIGHT_DECAY
-    if optimizer == "sgd":
-        return Decision(spec.weight_decay, f"{spec.name}'s SGD decay")
-    return Decision(ADAMW_WEIGHT_DECAY, "AdamW's usual 0.05")
-
+# The learning rate, the warm-up and the weight decay: recipe.py.
 
 def worker_mode() -> Decision:
     # bench/bench_pipelines.py on the 2-core dev box (2026-12-02): the kernel's threads 1,872
