@@ -33,7 +33,7 @@ SETTINGS = [("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True)]
 def build_engine(model_name: str, precision: str, channels_last: bool, num_classes: int):
     import torch
     from turbotrain.train.device import make_grad_scaler
-    from turbotrain.train.loop import StepEngine
+    from turbotrain.train.loop import StepEngine, StepSettings
     from turbotrain.train.models import build_model, get_model_spec
     from turbotrain.train.schedule import LRSchedule, build_optimizer
 
@@ -43,9 +43,10 @@ def build_engine(model_name: str, precision: str, channels_last: bool, num_class
     optimizer = build_optimizer(model, name="sgd", lr=0.05, weight_decay=5e-4, momentum=0.9)
     schedule = LRSchedule(total=1000, warmup=10, kind="cosine")
     cpu = torch.device("cpu")
-    return StepEngine(model, optimizer, schedule, make_grad_scaler(cpu, precision), device=cpu,
-                      precision=precision, accum_steps=1, label_smoothing=0.1,
-                      channels_last=channels_last)
+    settings = StepSettings(device=cpu, precision=precision, channels_last=channels_last,
+                            label_smoothing=0.1)
+    return StepEngine(model, optimizer, make_grad_scaler(cpu, precision), settings,
+                      schedule=schedule)
 
 
 def label(model_name: str, precision: str, channels_last: bool) -> str:

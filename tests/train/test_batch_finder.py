@@ -8,12 +8,19 @@ import pytest
 import torch
 
 from turbotrain.train import batch_finder as bf
+from turbotrain.train.loop import StepSettings
 from turbotrain.train.plan import rules
 from turbotrain.train.models import build_model, get_model_spec
 
 from .conftest import FAST
 
 CPU = torch.device("cpu")
+
+
+def settings(precision: str, device: torch.device | None = None) -> StepSettings:
+    """The step the searches try: SGD, channels_last, at `precision`."""
+    return StepSettings(device=device or torch.device("cpu"), precision=precision,
+                        channels_last=True)
 
 
 def tiny_model():
@@ -40,8 +47,7 @@ def test_search_finds_the_largest_batch_that_fits(largest, limit, expected):
 
 
 def test_trial_steps_recover_from_out_of_memory(monkeypatch):
-    trial = bf.TrialSteps(tiny_model, image_size=16, num_classes=4, device=CPU,
-                          precision="fp32", channels_last=True, optimizer="sgd")
+    trial = bf.TrialSteps(tiny_model, settings("fp32"), image_size=16, num_classes=4)
     real_steps = trial._steps
     released = []
     monkeypatch.setattr(bf, "release_memory", lambda device: released.append(device))
@@ -66,8 +72,7 @@ def test_trial_steps_are_the_trainers_step_and_recover_mid_step(monkeypatch):
     gradients, must not leave that scaler half-way: its next step would skip unscaling the
     next trial's gradients. The recovery starts a fresh one."""
     from turbotrain.train.loop import StepEngine
-    trial = bf.TrialSteps(tiny_model, image_size=16, num_classes=4, device=CPU,
-                          precision="fp16", channels_last=True, optimizer="sgd")
+    trial = bf.TrialSteps(tiny_model, settings("fp16"), image_size=16, num_classes=4)
     assert isinstance(trial.engine, StepEngine) and trial.engine.scaler.is_enabled()
     monkeypatch.setattr(bf, "release_memory", lambda device: None)
     optimizer, scaler = trial.engine.optimizer, trial.engine.scaler
@@ -86,26 +91,23 @@ def test_trial_steps_are_the_trainers_step_and_recover_mid_step(monkeypatch):
 
 
 def test_cpu_estimate_grows_with_pixels_and_respects_the_budget():
-    fixed, small = bf.estimate_cpu_bytes(tiny_model, image_size=16, precision="fp32",
-                                         channels_last=True, optimizer="sgd")
-    _, large = bf.estimate_cpu_bytes(tiny_model, image_size=32, precision="fp32",
-                                     channels_last=True, optimizer="sgd")
+    fixed, small = bf.estimate_cpu_bytes(tiny_model, settings("fp32"), image_size=16)
+    _, large = bf.estimate_cpu_bytes(tiny_model, settings("fp32"), image_size=32)
     assert fixed > 0 and 3 * small < large < 5 * small  # 4x the pixels
     budget = int(fixed + 40.5 * small)
-    fit = bf.find_batch_size(tiny_model, num_classes=4, image_size=16, device=CPU,
-                             precision="fp32", channels_last=True, limit=4096,
-                             budget_bytes=budget)
+    fit = bf.find_batch_size(tiny_model, settings("fp32"), num_classes=4, image_size=16,
+                             limit=4096, budget_bytes=budget)
     assert fit.batch_size == 40 and "MiB per image" in fit.how
     # ... and that batch size works: two real training steps run at it.
-    trial = bf.TrialSteps(tiny_model, image_size=16, num_classes=4, device=CPU,
-                          precision="fp32", channels_last=True, optimizer="sgd")
+    trial = bf.TrialSteps(tiny_model, settings("fp32"), image_size=16, num_classes=4)
     assert trial.fits(fit.batch_size)
 
 
 class _TrialWithRoomFor40:
     """TrialSteps on a pretend GPU: batches up to 40 fit."""
 
-    def __init__(self, build, *, device, **_):
+    def __init__(self, build, settings, **_):
+        device = settings.device
         assert device.index is not None, f"trial steps on an index-less device {device}"
         self.trials = []
 
@@ -152,9 +154,8 @@ def test_cuda_search_gets_an_indexed_device(monkeypatch):
     """`train --batch-size auto` passes torch.device("cuda"); torch's memory cap wants an index
     (issue 14: ValueError "Expected a torch.device with a specified index ... got:cuda")."""
     capped = fake_cuda_memory_cap(monkeypatch, 1.0)
-    fit = bf.find_batch_size(tiny_model, num_classes=4, image_size=16,
-                             device=torch.device("cuda"), precision="bf16",
-                             channels_last=True, limit=512)
+    fit = bf.find_batch_size(tiny_model, settings("bf16", torch.device("cuda")),
+                             num_classes=4, image_size=16, limit=512)
     assert fit.batch_size == 40 and "on cuda:0 within 90% of its 80 GiB" in fit.how
     assert [device for _, device in capped] == [torch.device("cuda", 0)] * 2
     assert [fraction for fraction, _ in capped] == [0.9, 1.0]  # the cap, then lifted
@@ -165,9 +166,8 @@ def test_cuda_search_gives_a_programs_cap_back(monkeypatch, cap, after):
     """A cap the program set (say to share the GPU) bounds the search and is set again after
     it; a torch without get_per_process_memory_fraction gets its default, 1.0, back."""
     capped = fake_cuda_memory_cap(monkeypatch, cap)
-    fit = bf.find_batch_size(tiny_model, num_classes=4, image_size=16,
-                             device=torch.device("cuda"), precision="bf16",
-                             channels_last=True, limit=512)
+    fit = bf.find_batch_size(tiny_model, settings("bf16", torch.device("cuda")),
+                             num_classes=4, image_size=16, limit=512)
     searched = 0.9 if cap is None else min(cap, 0.9)
     assert [fraction for fraction, _ in capped] == [searched, after]
     assert f"within {searched:.0%} of its 80 GiB" in fit.how
@@ -175,9 +175,8 @@ def test_cuda_search_gives_a_programs_cap_back(monkeypatch, cap, after):
 
 @pytest.mark.cuda
 def test_cuda_search_runs_real_steps_on_the_gpu():
-    fit = bf.find_batch_size(tiny_model, num_classes=4, image_size=16,
-                             device=torch.device("cuda"), precision="bf16",
-                             channels_last=True, limit=64)
+    fit = bf.find_batch_size(tiny_model, settings("bf16", torch.device("cuda")),
+                             num_classes=4, image_size=16, limit=64)
     assert fit.batch_size == 64 and "1 trial step pair(s) on cuda:" in fit.how
 
 
@@ -209,13 +208,11 @@ def test_auto_batch_with_a_global_batch(train_cli, tiny_dataset, tmp_path, monke
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         real_steps(trial, batch)
 
-    def tight(build, **k):  # CPU: a memory budget with room for 20 images
-        if k["device"].type == "cuda":
-            return real(build, **k)
-        fixed, per_image = bf.estimate_cpu_bytes(
-            build, image_size=k["image_size"], precision=k["precision"],
-            channels_last=k["channels_last"], optimizer=k["optimizer"])
-        return real(build, **k, budget_bytes=int(fixed + 20.5 * per_image))
+    def tight(build, step_settings, **k):  # CPU: a memory budget with room for 20 images
+        if step_settings.device.type == "cuda":
+            return real(build, step_settings, **k)
+        fixed, per_image = bf.estimate_cpu_bytes(build, step_settings, image_size=k["image_size"])
+        return real(build, step_settings, **k, budget_bytes=int(fixed + 20.5 * per_image))
 
     monkeypatch.setattr(bf.TrialSteps, "_steps", steps)
     monkeypatch.setattr(bf, "find_batch_size", tight)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from turbotrain.train.loop import StepEngine
+from turbotrain.train.loop import StepEngine, StepSettings
 from turbotrain.train.models import Classifier
 
 CPU = torch.device("cpu")
@@ -23,9 +23,9 @@ def make_engine(*, clip: float, accum: int = 1, precision: str = "fp32", std: fl
     model = Classifier(net, mean=(120.0,) * 3, std=(std,) * 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     scaler = scaler or torch.amp.GradScaler("cpu", enabled=False)
-    return StepEngine(model, optimizer, None, scaler, device=CPU, precision=precision,
-                      accum_steps=accum, label_smoothing=0.1, channels_last=False,
-                      clip_grad=clip)
+    settings = StepSettings(device=CPU, precision=precision, channels_last=False,
+                            accum_steps=accum, label_smoothing=0.1, clip_grad=clip)
+    return StepEngine(model, optimizer, scaler, settings)
 
 
 def batch(n=32, seed=0):

@@ -40,9 +40,9 @@ def test_a_slow_batch_search_leaves_the_sweep_its_budget(cli, tiny_dataset, monk
     TypeError: '>' between NoneType and NoneType (issue 14). The budget is the sweep's."""
     real = bf.find_batch_size
 
-    def slow(build, **k):
+    def slow(build, settings, **k):
         time.sleep(1.5)
-        return real(build, **k)
+        return real(build, settings, **k)
 
     monkeypatch.setattr(bf, "find_batch_size", slow)
     code, out, err = cli("tune", "--data", tiny_dataset, "--pipeline", "test-memory",
@@ -71,7 +71,8 @@ def test_tune_on_the_gpu(cli, tiny_dataset):
 def test_tune_reaches_a_global_batch_with_accumulation(cli, tiny_dataset, monkeypatch):
     real = bf.find_batch_size
     monkeypatch.setattr(bf, "find_batch_size",  # a device with room for 16 images
-                        lambda build, **k: real(build, **{**k, "limit": min(k["limit"], 16)}))
+                        lambda build, settings, **k: real(build, settings,
+                                                           **{**k, "limit": min(k["limit"], 16)}))
     code, out, err = cli("tune", "--data", tiny_dataset, "--pipeline", "test-memory",
                          "--workers", 1, "--budget-seconds", 1, "--global-batch-size", 64)
     assert code == 0, err
@@ -149,7 +150,7 @@ def test_tune_recommends_a_resident_batch_that_leaves_room_for_the_store(tiny_da
     capacity = store + 20 * per_image
     reserves = []
 
-    def device_with_capacity(build, *, limit, reserve_bytes=0, **_):
+    def device_with_capacity(build, settings, *, limit, reserve_bytes=0, **_):
         reserves.append(reserve_bytes)
         return bf.BatchFit(min(limit, (capacity - reserve_bytes) // per_image), limit, "fake")
 

@@ -131,6 +131,10 @@ def optional_engines() -> frozenset[str]:
                      if entry.capabilities.package is not None)
 
 
-def build_pipeline(name: str, dataset, **options) -> Pipeline:
-    """Builds pipeline `name` over `dataset` (an open split) with PipelineOptions keywords."""
-    return _registered(name).factory(dataset, PipelineOptions(**options))
+def build_pipeline(name: str, dataset, options: PipelineOptions | None = None,
+                   **keywords) -> Pipeline:
+    """Builds pipeline `name` over `dataset` (an open split) with `options` (made once, as
+    `train` makes them from its plan), or with PipelineOptions keywords."""
+    if options is not None and keywords:
+        raise TypeError("build_pipeline takes a PipelineOptions or its keywords, not both")
+    return _registered(name).factory(dataset, options or PipelineOptions(**keywords))

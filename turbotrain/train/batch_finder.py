@@ -21,6 +21,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .loop import StepSettings, make_engine
+
 MAX_BATCH = 4096  # the search's ceiling (tune); `train` searches up to its preferred batch
 # Peak step memory / bytes saved for backward, measured on the dev box (ResNet-18, CPU, fp32 and
 # bf16, 32-128 px, batches 16-128): 1.43-1.57 (gradients of activations live during backward).
@@ -84,15 +86,13 @@ class TrialSteps:
     The steps are the trainer's own (loop.make_engine: the fused optimizer on CUDA, the
     GradScaler under fp16), so the trial's memory peak is a run's."""
 
-    def __init__(self, build: Callable[[], nn.Module], *, image_size: int, num_classes: int,
-                 device: torch.device, precision: str, channels_last: bool, optimizer: str):
-        from .loop import make_engine
-        model = build().to(device, memory_format=torch.channels_last if channels_last
-                           else torch.contiguous_format)
-        self.engine = make_engine(model, device=device, precision=precision,
-                                  channels_last=channels_last, optimizer=optimizer, lr=1e-6)
-        self.image_size, self.num_classes, self.device = image_size, num_classes, device
-        self.precision = precision
+    def __init__(self, build: Callable[[], nn.Module], settings: StepSettings, *,
+                 image_size: int, num_classes: int):
+        model = build().to(settings.device, memory_format=settings.memory_format)
+        # A tiny LR: the trial steps must not matter, only their memory.
+        self.engine = make_engine(model, settings.replace(lr=1e-6))
+        self.image_size, self.num_classes, self.device = image_size, num_classes, settings.device
+        self.precision = settings.precision
         self.trials: list[tuple[int, bool]] = []
 
     def _steps(self, batch: int) -> None:
@@ -132,12 +132,12 @@ class TrialSteps:
         release_memory(self.device)
 
 
-def estimate_cpu_bytes(build: Callable[[], nn.Module], *, image_size: int, precision: str,
-                       channels_last: bool, optimizer: str) -> tuple[float, float]:
+def estimate_cpu_bytes(build: Callable[[], nn.Module], settings: StepSettings, *,
+                       image_size: int) -> tuple[float, float]:
     """(fixed bytes, bytes per image) of one CPU training step (see the module docstring)."""
     from .device import autocast_context
-    model = build().to(memory_format=torch.channels_last if channels_last
-                       else torch.contiguous_format)
+    precision, channels_last = settings.precision, settings.channels_last
+    model = build().to(memory_format=settings.memory_format)
     saved: dict[int, int] = {}
 
     def pack(tensor):
@@ -157,28 +157,27 @@ def estimate_cpu_bytes(build: Callable[[], nn.Module], *, image_size: int, preci
 
     per_image = max(0, saved_bytes(4) - saved_bytes(2)) / 2 * BACKWARD_FACTOR
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    states = 1 if optimizer == "sgd" else 2  # momentum; AdamW's two moments
+    states = 1 if settings.optimizer == "sgd" else 2  # momentum; AdamW's two moments
     return float(params * (2 + states)), float(per_image)  # weights + grads + states
 
 
-def find_batch_size(build: Callable[[], nn.Module], *, num_classes: int, image_size: int,
-                    device: torch.device, precision: str, channels_last: bool,
-                    optimizer: str = "sgd", limit: int = MAX_BATCH, reserve_bytes: int = 0,
-                    budget_bytes: int | None = None, env=None) -> BatchFit:
-    """The largest micro-batch <= `limit` whose training step fits; `reserve_bytes` stay free
-    for the pipeline (a resident store). `budget_bytes` overrides the CPU budget (tests).
-    `env` (distributed.DistEnv): a torchrun job's ranks all take the smallest answer; None for
-    one process."""
-    device = indexed(device)
+def find_batch_size(build: Callable[[], nn.Module], settings: StepSettings, *,
+                    num_classes: int, image_size: int, limit: int = MAX_BATCH,
+                    reserve_bytes: int = 0, budget_bytes: int | None = None,
+                    env=None) -> BatchFit:
+    """The largest micro-batch <= `limit` whose training step (`settings`: the run's, from the
+    plan) fits; `reserve_bytes` stay free for the pipeline (a resident store). `budget_bytes`
+    overrides the CPU budget (tests). `env` (distributed.DistEnv): a torchrun job's ranks all
+    take the smallest answer; None for one process."""
+    settings = settings.replace(device=indexed(settings.device))
+    device = settings.device
     state = torch.random.get_rng_state()  # the throwaway model must not move the run's seed
     try:
         if device.type == "cuda":
-            fit = _search_cuda(build, num_classes=num_classes, image_size=image_size,
-                               device=device, precision=precision, channels_last=channels_last,
-                               optimizer=optimizer, limit=limit, reserve_bytes=reserve_bytes)
+            fit = _search_cuda(build, settings, num_classes=num_classes, image_size=image_size,
+                               limit=limit, reserve_bytes=reserve_bytes)
         else:
-            fit = _estimate_cpu(build, image_size=image_size, precision=precision,
-                                channels_last=channels_last, optimizer=optimizer, limit=limit,
+            fit = _estimate_cpu(build, settings, image_size=image_size, limit=limit,
                                 reserve_bytes=reserve_bytes, budget_bytes=budget_bytes)
     finally:
         torch.random.set_rng_state(state)
@@ -211,8 +210,9 @@ def memory_fraction(device: torch.device) -> float:
     return 1.0 if getter is None else float(getter(device))
 
 
-def _search_cuda(build, *, num_classes, image_size, device, precision, channels_last, optimizer,
-                 limit, reserve_bytes) -> BatchFit:
+def _search_cuda(build, settings: StepSettings, *, num_classes, image_size, limit,
+                 reserve_bytes) -> BatchFit:
+    device = settings.device
     total = torch.cuda.get_device_properties(device).total_memory
     previous = memory_fraction(device)  # a cap the program set: searched within, then restored
     fraction = max(0.05, min(previous, (CUDA_SEARCH_FRACTION * total - reserve_bytes) / total))
@@ -221,9 +221,7 @@ def _search_cuda(build, *, num_classes, image_size, device, precision, channels_
     batch = tried = 0
     try:
         try:
-            trial = TrialSteps(build, image_size=image_size, num_classes=num_classes,
-                               device=device, precision=precision, channels_last=channels_last,
-                               optimizer=optimizer)
+            trial = TrialSteps(build, settings, image_size=image_size, num_classes=num_classes)
         except RuntimeError as exc:  # the weights alone do not fit
             if not is_out_of_memory(exc):
                 raise
@@ -240,15 +238,14 @@ def _search_cuda(build, *, num_classes, image_size, device, precision, channels_
     return BatchFit(batch, limit, how)
 
 
-def _estimate_cpu(build, *, image_size, precision, channels_last, optimizer, limit,
-                  reserve_bytes, budget_bytes) -> BatchFit:
+def _estimate_cpu(build, settings: StepSettings, *, image_size, limit, reserve_bytes,
+                  budget_bytes) -> BatchFit:
     if budget_bytes is None:
         # Half the available RAM, like the resident store's budget: the box may be shared,
         # and the page cache and the loader need room too.
         from turbotrain.pipeline.resident import memory_budget
         budget_bytes = memory_budget(torch.device("cpu"))[0] - reserve_bytes
-    fixed, per_image = estimate_cpu_bytes(build, image_size=image_size, precision=precision,
-                                          channels_last=channels_last, optimizer=optimizer)
+    fixed, per_image = estimate_cpu_bytes(build, settings, image_size=image_size)
     room = budget_bytes - fixed
     batch = limit if per_image <= 0 else int(max(0.0, room) // per_image)
     batch = limit if batch >= limit else _aligned(batch)

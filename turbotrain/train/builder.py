@@ -30,7 +30,7 @@ from .ema import ModelEMA
 from .errors import TrainError
 from .finetune import optimizer_groups, start_model, weights_facts
 from .loader import Loader, open_planned, pipeline_options
-from .loop import StepEngine, make_engine
+from .loop import StepEngine, StepSettings, make_engine
 from .mixing import mixer_for
 from .models import Classifier, build_model, deterministic_global_pools
 from .plan import DatasetFacts, Machine, Observed, Plan, plan
@@ -148,11 +148,10 @@ def _search_batch(planned: Plan, num_classes: int, env: DistEnv) -> batch_finder
     """The batch search the plan asks for (plan.BatchSearch): the largest micro-batch up to its
     limit whose training step fits beside the resident store (the smallest answer of all
     ranks, so that they train the same micro-batch)."""
-    search, c = planned.batch_search, planned.config
+    search = planned.batch_search
     return batch_finder.find_batch_size(
-        lambda: build_model(planned.spec, num_classes), image_size=c.image_size,
-        num_classes=num_classes, device=planned.device, precision=c.precision,
-        channels_last=c.channels_last, optimizer=c.optimizer, limit=search.limit,
+        lambda: build_model(planned.spec, num_classes), StepSettings.of(planned),
+        image_size=planned.config.image_size, num_classes=num_classes, limit=search.limit,
         reserve_bytes=search.reserve_bytes, env=env)
 
 
@@ -169,8 +168,8 @@ def _open_pipelines(config: TrainConfig, facts: DatasetFacts, machine: Machine,
     cleanup.callback(train_pipeline.close)
     val_loader = None
     if val_data is not None:
-        val_pipeline = build_pipeline(planned.value("pipeline"), val_data, train=False,
-                                      **pipeline_options(planned, env))
+        val_pipeline = build_pipeline(planned.value("pipeline"), val_data,
+                                      pipeline_options(planned, env, train=False))
         cleanup.callback(val_pipeline.close)
         val_loader = Loader.opened(val_pipeline, planned, val_data)
     return planned, Loader.opened(train_pipeline, planned, train_data), val_loader
@@ -210,12 +209,8 @@ def _step_engine(model: Classifier, train_model: nn.Module, ema: ModelEMA | None
                               weight_decay=config.weight_decay, decide=decide)
     schedule = LRSchedule(total=planned.total_steps, warmup=config.warmup_steps,
                           kind=config.schedule)
-    return make_engine(model, device=planned.device, precision=config.precision,
-                       channels_last=config.channels_last, optimizer=config.optimizer,
-                       lr=config.lr, weight_decay=config.weight_decay,
-                       momentum=config.momentum, groups=groups, schedule=schedule,
-                       accum_steps=config.accum_steps, label_smoothing=config.label_smoothing,
-                       clip_grad=config.clip_grad, train_model=train_model, ema=ema,
+    return make_engine(model, StepSettings.of(planned), groups=groups, schedule=schedule,
+                       train_model=train_model, ema=ema,
                        mixer=mixer_for(config, num_classes=num_classes, rank=env.rank))
 
 

@@ -23,7 +23,8 @@ from typing import Iterator
 
 import torch
 
-from turbotrain.pipeline import PipelineError, PipelineUnavailable, build_pipeline, pipeline_names
+from turbotrain.pipeline import (PipelineError, PipelineOptions, PipelineUnavailable,
+                                 build_pipeline, pipeline_names)
 
 from .config import AUTO, TrainConfig
 from .distributed import DistEnv, dist_env_from_environ
@@ -52,8 +53,8 @@ def open_planned(config: TrainConfig, facts: DatasetFacts, machine: Machine, obs
         planned = planner(config, facts, machine, observed)
         name = planned.value("pipeline")
         try:
-            pipeline = build_pipeline(name, dataset, train=train, drop_last=drop_last,
-                                      **pipeline_options(planned, env))
+            pipeline = build_pipeline(name, dataset, pipeline_options(
+                planned, env, train=train, drop_last=drop_last))
         except PipelineUnavailable as exc:
             if config.pipeline != AUTO:
                 raise
@@ -66,13 +67,17 @@ def open_planned(config: TrainConfig, facts: DatasetFacts, machine: Machine, obs
         return planner(config, facts, machine, observed), pipeline, observed
 
 
-def pipeline_options(planned: Plan, env: DistEnv) -> dict:
-    """The PipelineOptions keywords a plan gives (all but `train`)."""
+def pipeline_options(planned: Plan, env: DistEnv, *, train: bool = True,
+                     drop_last: bool | None = None) -> PipelineOptions:
+    """The pipeline's settings as the plan gives them, made once and passed whole; `train`
+    (and `drop_last`) say which split's: shuffled and augmented, or in order."""
     c = planned.config
-    return dict(batch_size=c.batch_size, image_size=c.image_size, device=planned.device,
-                seed=c.seed, rank=env.rank, world_size=env.world_size,
-                workers=planned.budget.workers, worker_mode=c.worker_mode, scale=c.scale,
-                ratio=c.ratio, order=c.order, order_window=c.order_window)
+    return PipelineOptions(train=train, drop_last=drop_last, batch_size=c.batch_size,
+                           image_size=c.image_size, device=planned.device, seed=c.seed,
+                           rank=env.rank, world_size=env.world_size,
+                           workers=planned.budget.workers, worker_mode=c.worker_mode,
+                           scale=c.scale, ratio=c.ratio, order=c.order,
+                           order_window=c.order_window)
 
 
 class Loader:

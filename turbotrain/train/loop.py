@@ -3,7 +3,8 @@
 `make_engine` builds the step (optimizer, GradScaler, StepEngine) for every tool that runs one:
 the trainer (builder.py), the batch finder's trial steps (batch_finder.py) and tune's rate
 measurement (tune.py), so what they measure is the step a run takes (fp16's GradScaler, the
-fused optimizer on CUDA, clipping and label smoothing included).
+fused optimizer on CUDA, clipping and label smoothing included). How the step runs is one
+`StepSettings`, made once from the plan (`StepSettings.of`) and passed whole.
 
 Nothing here calls `.item()`: the loss is summed on the device and read at log points only, so
 on CUDA the CPU can queue the next steps while the GPU works (one `.item()` per step stalls the
@@ -11,7 +12,9 @@ queue each step).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -21,6 +24,38 @@ from .distributed import DistEnv, all_reduce_sum, sync_context
 from .ema import ModelEMA
 from .mixing import Mixer, soft_target_cross_entropy
 from .schedule import PEAK_LR, LRSchedule, build_optimizer
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """How one training step runs: the plan's resolved values, made once (`of`) and handed whole
+    to the step engine, the batch search's trial steps and tune's measurement."""
+    device: torch.device
+    precision: str  # "bf16", "fp16" or "fp32": autocast and the GradScaler follow it
+    channels_last: bool
+    optimizer: str = "sgd"
+    lr: float = 1e-3  # the peak LR (plan/recipe.py); the schedule scales it per step
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    accum_steps: int = 1  # micro-batches per optimizer step
+    label_smoothing: float = 0.0
+    clip_grad: float = 0.0  # the global gradient norm's limit; 0: off
+
+    @classmethod
+    def of(cls, planned) -> StepSettings:
+        """From a plan (plan.Plan): its device and its resolved config."""
+        c = planned.config
+        return cls(device=planned.device, precision=c.precision, channels_last=c.channels_last,
+                   optimizer=c.optimizer, lr=c.lr, weight_decay=c.weight_decay,
+                   momentum=c.momentum, accum_steps=c.accum_steps,
+                   label_smoothing=c.label_smoothing, clip_grad=c.clip_grad)
+
+    def replace(self, **changes) -> StepSettings:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def memory_format(self) -> torch.memory_format:
+        return torch.channels_last if self.channels_last else torch.contiguous_format
 
 
 class StepEngine:
@@ -36,24 +71,23 @@ class StepEngine:
     read at log points)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 schedule: LRSchedule | None,
-                 scaler: torch.amp.GradScaler, *, device: torch.device, precision: str,
-                 accum_steps: int, label_smoothing: float, channels_last: bool,
-                 ema: ModelEMA | None = None, ema_source: nn.Module | None = None,
-                 mixer: Mixer | None = None, clip_grad: float = 0.0):
+                 scaler: torch.amp.GradScaler, settings: StepSettings, *,
+                 schedule: LRSchedule | None = None, ema: ModelEMA | None = None,
+                 ema_source: nn.Module | None = None, mixer: Mixer | None = None):
         self.model = model  # possibly compiled and/or DDP-wrapped
         self.optimizer = optimizer
         self.schedule = schedule
         self.scaler = scaler
-        self.device = device
-        self.precision = precision
-        self.accum_steps = accum_steps
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.settings = settings
+        self.device = settings.device
+        self.precision = settings.precision
+        self.accum_steps = settings.accum_steps
+        self.memory_format = settings.memory_format
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
         self.ema = ema
         self.ema_source = ema_source  # the plain module the EMA follows
         self.mixer = mixer
-        self.clip_grad = clip_grad
+        self.clip_grad = settings.clip_grad
         self.grad_norm: torch.Tensor | None = None  # the last step's, before clipping
 
     def micro_step(self, images: torch.Tensor, labels: torch.Tensor, will_step: bool,
@@ -102,24 +136,19 @@ class StepEngine:
         return group["lr"] if self.schedule is None else self.schedule.lr(step, group[PEAK_LR])
 
 
-def make_engine(model: nn.Module, *, device: torch.device, precision: str, channels_last: bool,
-                optimizer: str = "sgd", lr: float, weight_decay: float = 0.0,
-                momentum: float = 0.9, groups: list[dict] | None = None,
-                schedule: LRSchedule | None = None, accum_steps: int = 1,
-                label_smoothing: float = 0.0, clip_grad: float = 0.0,
-                train_model: nn.Module | None = None, ema: ModelEMA | None = None,
-                mixer: Mixer | None = None) -> StepEngine:
-    """The training step as a run takes it: `optimizer` over `model`'s parameters (or
-    `groups`), fused on CUDA, a GradScaler that is live under fp16 only, and the StepEngine.
+def make_engine(model: nn.Module, settings: StepSettings, *, groups: list[dict] | None = None,
+                schedule: LRSchedule | None = None, train_model: nn.Module | None = None,
+                ema: ModelEMA | None = None, mixer: Mixer | None = None) -> StepEngine:
+    """The training step as a run takes it: the settings' optimizer over `model`'s parameters
+    (or `groups`), fused on CUDA, a GradScaler that is live under fp16 only, and the StepEngine.
     `model`: the plain module the optimizer (and the EMA) follow; `train_model`: what runs the
     forward pass (compiled and/or DDP-wrapped), `model` itself by default."""
-    opt = build_optimizer(model, name=optimizer, lr=lr, weight_decay=weight_decay,
-                          momentum=momentum, fused=device.type == "cuda", groups=groups)
-    return StepEngine(model if train_model is None else train_model, opt, schedule,
-                      make_grad_scaler(device, precision), device=device, precision=precision,
-                      accum_steps=accum_steps, label_smoothing=label_smoothing,
-                      channels_last=channels_last, ema=ema, ema_source=model, mixer=mixer,
-                      clip_grad=clip_grad)
+    s = settings
+    opt = build_optimizer(model, name=s.optimizer, lr=s.lr, weight_decay=s.weight_decay,
+                          momentum=s.momentum, fused=s.device.type == "cuda", groups=groups)
+    return StepEngine(model if train_model is None else train_model, opt,
+                      make_grad_scaler(s.device, s.precision), s, schedule=schedule, ema=ema,
+                      ema_source=model, mixer=mixer)
 
 
 @torch.no_grad()

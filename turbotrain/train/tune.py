@@ -144,10 +144,9 @@ class Sweep:
             search = rules.batch_search(preferred=(target, ""), global_batch=target,
                                         world_size=1, count=len(self.dataset),
                                         reserve_bytes=search.reserve_bytes)
-        fit = bf.find_batch_size(self.build_model, num_classes=self.dataset.num_classes,
-                                 image_size=self.image_size, device=self.device,
-                                 precision=self.precision, channels_last=self.channels_last,
-                                 optimizer=self.args.optimizer,
+        fit = bf.find_batch_size(self.build_model, self.step_settings(),
+                                 num_classes=self.dataset.num_classes,
+                                 image_size=self.image_size,
                                  limit=min(target or bf.MAX_BATCH, len(self.dataset)),
                                  reserve_bytes=search.reserve_bytes)
         batch = rules.batch_from_fit(search, fit, count=len(self.dataset), model=self.spec.name,
@@ -230,18 +229,23 @@ class Sweep:
         row.train_images_per_second = images_done / window.seconds
         row.data_wait_fraction = window.data_wait / window.seconds
 
-    def engine(self):
-        """train's step for this plan (loop.make_engine, as builder.py makes it): its optimizer,
-        GradScaler, label smoothing and clipping, one micro-batch per step. The LR is tiny
-        and constant: only the speed is measured, on one model for every row."""
-        from .loop import make_engine
+    def step_settings(self):
+        """train's step for this plan (loop.StepSettings): its optimizer, precision, label
+        smoothing and clipping, one micro-batch per step. The LR is tiny and constant: only the
+        speed is measured, on one model for every row."""
+        from .loop import StepSettings
         c = self.plan.config
-        model = self.build_model().to(self.device, memory_format=self.torch.channels_last
-                                      if self.channels_last else self.torch.contiguous_format)
-        return make_engine(model, device=self.device, precision=self.precision,
-                           channels_last=self.channels_last, optimizer=c.optimizer, lr=1e-4,
-                           weight_decay=c.weight_decay or 0.0, momentum=c.momentum,
-                           label_smoothing=c.label_smoothing, clip_grad=c.clip_grad)
+        return StepSettings(device=self.device, precision=self.precision,
+                            channels_last=self.channels_last, optimizer=self.args.optimizer,
+                            lr=1e-4, weight_decay=c.weight_decay or 0.0, momentum=c.momentum,
+                            label_smoothing=c.label_smoothing, clip_grad=c.clip_grad)
+
+    def engine(self):
+        """train's step for this plan (loop.make_engine, as builder.py makes it)."""
+        from .loop import make_engine
+        settings = self.step_settings()
+        model = self.build_model().to(self.device, memory_format=settings.memory_format)
+        return make_engine(model, settings)
 
     # ------------------------------------------------------------------ all of it
 
