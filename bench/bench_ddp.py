@@ -110,7 +110,7 @@ def allreduce_milliseconds(model: str, folder: Path) -> dict:
     """Median and best time of one all-reduce of `model`'s gradients over 2 Gloo processes."""
     import torch.multiprocessing as mp
     sys.path.insert(0, str(REPO))
-    from turbotrain.train.models import build_model, get_model_spec
+    from turbotrain.train.models.models import build_model, get_model_spec
     parameters = sum(p.numel() for p in build_model(get_model_spec(model), 10).parameters())
     results = folder / f"allreduce-{model}.json"
     mp.spawn(_time_allreduce, args=(str(folder / f"init-{model}"), parameters, str(results)),

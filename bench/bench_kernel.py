@@ -265,7 +265,7 @@ def child_use(data: str, folder: str) -> dict:
     from turbotrain.datasets import open_dataset
     from turbotrain.datasets.sources import list_images
     from turbotrain.pipeline import build_pipeline
-    from turbotrain.train.predict import Inputs, batches
+    from turbotrain.train.use.predict import Inputs, batches
     inputs = Inputs([list_images(folder)])
     started = time.perf_counter()
     images = sum(len(b.images) for b in batches(inputs, batch_size=BATCH, image_size=SIZE,

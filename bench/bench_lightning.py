@@ -40,7 +40,7 @@ def run_lightning(data: Path, args, profile: bool = False) -> dict:
     import torch
     from lightning.pytorch.profilers import SimpleProfiler
     from turbotrain.lightning import TurbotrainDataModule
-    from turbotrain.train.host_memory import keep_freed_memory
+    from turbotrain.train.step.host_memory import keep_freed_memory
     keep_freed_memory()
     datamodule = TurbotrainDataModule(data, batch_size=args.batch_size,
                                       image_size=args.image_size, pipeline="pytorch",

@@ -53,7 +53,7 @@ def photo_data(images: int) -> Path:
 def resolved_precision(precision: str) -> str:
     if precision != "auto":
         return precision
-    from turbotrain.train.device import cpu_has_native_bf16
+    from turbotrain.train.step.device import cpu_has_native_bf16
     return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
@@ -99,7 +99,7 @@ def open_loader(data: Path, args):
 def build_model(loader, model: str):
     """`train`'s model for the split: the uint8 input stem and the net, channels_last."""
     import torch
-    from turbotrain.train.models import build_model as build, get_model_spec
+    from turbotrain.train.models.models import build_model as build, get_model_spec
     torch.manual_seed(0)
     net = build(get_model_spec(model), loader.num_classes, loader.dataset.mean,
                 loader.dataset.std)
@@ -117,7 +117,7 @@ def autocast(precision: str):
 def run_loader(data: Path, args) -> dict:
     """The plain loop (module docstring), timed after WARMUP_STEPS."""
     import torch
-    from turbotrain.train.host_memory import keep_freed_memory
+    from turbotrain.train.step.host_memory import keep_freed_memory
     keep_freed_memory()
     loader = open_loader(data, args)
     model = build_model(loader, args.model)

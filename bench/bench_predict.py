@@ -68,8 +68,8 @@ def weights_file(dataset: Path, model: str, image_size: int) -> Path:
     import torch
 
     from turbotrain.datasets import open_dataset
-    from turbotrain.train.models import build_model, get_model_spec
-    from turbotrain.train.weights import ModelCard, save_weights
+    from turbotrain.train.models.models import build_model, get_model_spec
+    from turbotrain.train.weights.weights import ModelCard, save_weights
     path = ROOT / ".cache" / f"predict-{model}-{image_size}.safetensors"
     if not path.exists():
         split = open_dataset(dataset, "train")
@@ -90,7 +90,7 @@ def child_input(name: str, folder: str, dataset: str, image_size: int, workers: 
     from turbotrain.datasets import open_dataset
     from turbotrain.datasets.sources import list_images
     from turbotrain.pipeline import build_pipeline
-    from turbotrain.train.predict import Inputs, batches
+    from turbotrain.train.use.predict import Inputs, batches
     torch.set_num_threads(1)
     if name == "eval_pipeline":
         split = open_dataset(dataset, "train")

@@ -10,7 +10,7 @@ fashion-mnist): 60,000 train images, evaluated on the 10,000 test images after e
 * turbotrain: `python -m turbotrain prepare SRC OUT`, then `python -m turbotrain train --data OUT
   --out RUN --epochs E`, nothing else set (it picks compact28, bf16 autocast, channels_last, the
   resident pipeline, batch 128 and the thread budget, and keeps freed host memory for reuse:
-  see turbotrain/train/host_memory.py). The time to target is read from RUN/metrics.jsonl.
+  see turbotrain/train/step/host_memory.py). The time to target is read from RUN/metrics.jsonl.
 * plain PyTorch (the `plain_pytorch` section below): a custom `Dataset` over the idx.gz files
   read with numpy, per-sample torchvision transforms (the trainer's 28 px augmentation: reflect
   pad 2 + random crop + flip), `DataLoader(batch_size=128, shuffle=True, num_workers=2)`, the
@@ -62,7 +62,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(ROOT))
 
 import common  # noqa: E402
-from turbotrain.train.report import read_metrics  # noqa: E402  (after the path insert)
+from turbotrain.train.records.report import read_metrics  # noqa: E402  (after the path insert)
 
 GOAL = 3.0  # plain PyTorch's seconds to the target over turbotrain's (issue #5)
 
@@ -156,7 +156,7 @@ def plain_pytorch(source: Path, epochs: int, run_dir: Path, recipe: str = "turbo
     from torchvision import transforms
 
     from turbotrain.pipeline.augment import SMALL_IMAGE_PADDING
-    from turbotrain.train.models import get_model_spec
+    from turbotrain.train.models.models import get_model_spec
 
     started = time.perf_counter()  # as train(): the clock starts after the imports
     torch.manual_seed(0)

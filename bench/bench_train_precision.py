@@ -8,7 +8,7 @@ fp32 channels_last, bf16 autocast contiguous and bf16 autocast channels_last (th
 CPU default where the CPU has native bf16). A step is exactly the trainer's: `StepEngine`
 (uint8 input stem, forward and label-smoothed loss under autocast, backward, Nesterov SGD,
 LR schedule), on random uint8 images already in memory, so only compute is timed; freed host
-memory is kept for reuse as in the trainer (turbotrain/train/host_memory.py). Two untimed
+memory is kept for reuse as in the trainer (turbotrain/train/step/host_memory.py). Two untimed
 warm-up steps per setting, then `--steps` timed ones; settings run `--rounds` times interleaved
 and the best round counts (the machine is shared). Writes bench/results/train_precision.json.
 """
@@ -32,10 +32,10 @@ SETTINGS = [("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True)]
 
 def build_engine(model_name: str, precision: str, channels_last: bool, num_classes: int):
     import torch
-    from turbotrain.train.device import make_grad_scaler
-    from turbotrain.train.loop import StepEngine, StepSettings
-    from turbotrain.train.models import build_model, get_model_spec
-    from turbotrain.train.schedule import LRSchedule, build_optimizer
+    from turbotrain.train.step.device import make_grad_scaler
+    from turbotrain.train.step.loop import StepEngine, StepSettings
+    from turbotrain.train.models.models import build_model, get_model_spec
+    from turbotrain.train.step.schedule import LRSchedule, build_optimizer
 
     torch.manual_seed(0)
     model = build_model(get_model_spec(model_name), num_classes)
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     torch.set_num_threads(args.threads)
-    from turbotrain.train.device import cpu_has_native_bf16
-    from turbotrain.train.host_memory import keep_freed_memory
+    from turbotrain.train.step.device import cpu_has_native_bf16
+    from turbotrain.train.step.host_memory import keep_freed_memory
     # As the trainer does: otherwise glibc's adaptive mmap threshold makes each setting's speed
     # depend on what the settings before it happened to allocate and free.
     host_memory_kept, _ = keep_freed_memory()

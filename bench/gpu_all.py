@@ -150,7 +150,7 @@ def pytorch_scaling(report, dataset, settings) -> dict:
 
     from turbotrain.pipeline import build_pipeline
     from turbotrain.pipeline.bench import steady_rate
-    from turbotrain.train.device import available_cores
+    from turbotrain.train.step.device import available_cores
     cores = available_cores()
     batch = 8 if settings.device == "cpu" else 64
     rates: dict[int, float] = {}

@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from turbotrain import Loader, LoaderError
 from turbotrain.lightning import TurbotrainDataModule
-from turbotrain.train.models import InputStem
+from turbotrain.train.models.models import InputStem
 
 from .fashion_subset import prepare_fashion_subset
 from .train.tiny_data import write_tiny_dataset

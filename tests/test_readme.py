@@ -38,7 +38,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from turbotrain.train.report import read_metrics
+from turbotrain.train.records.report import read_metrics
 
 from .pyproject_toml import pyproject_requirements, read_pyproject
 from .readme_blocks import Block, Command, parse_blocks, parse_commands
@@ -493,7 +493,7 @@ def check_torchrun(ran: Ran) -> None:
 def check_init_from(ran: Ran) -> None:
     """A run started from another run's weights, which says so in its own weights' card."""
     check_train(ran)
-    from turbotrain.train.weights import read_weights
+    from turbotrain.train.weights.weights import read_weights
     words = ran.command.text.split()
     card = read_weights(ran.run_dir() / "best.safetensors")[1]
     assert card.info.get("started_from") == words[words.index("--init-from") + 1], card.info
@@ -653,7 +653,7 @@ def test_readme_blocks_are_all_known():
 
 
 def check_yaml_is_a_train_config(block: Block) -> None:
-    from turbotrain.train.config import TrainConfig
+    from turbotrain.train.config.config import TrainConfig
     keys = set(yaml.safe_load(block.text) or {})
     known = {name.replace("_", "-") for name in TrainConfig.__dataclass_fields__}
     assert keys <= known, f"README.md:{block.line}: not train settings: {keys - known}"

@@ -205,12 +205,12 @@ def _bench_command():
 
 
 def _tune_command():
-    from .train.tune import add_tune_arguments, run_tune
+    from .train.tools.tune import add_tune_arguments, run_tune
     return add_tune_arguments, run_tune
 
 
 def _info_command():
-    from .train.info import add_info_arguments, run_info
+    from .train.tools.info import add_info_arguments, run_info
     return add_info_arguments, run_info
 
 
@@ -220,17 +220,17 @@ def _demo_command():
 
 
 def _eval_command():
-    from .train.evaluate import add_eval_arguments, run_eval
+    from .train.use.evaluate import add_eval_arguments, run_eval
     return add_eval_arguments, run_eval
 
 
 def _predict_command():
-    from .train.predict import add_predict_arguments, run_predict
+    from .train.use.predict import add_predict_arguments, run_predict
     return add_predict_arguments, run_predict
 
 
 def _export_command():
-    from .train.export import add_export_arguments, run_export
+    from .train.use.export import add_export_arguments, run_export
     return add_export_arguments, run_export
 
 

@@ -44,8 +44,8 @@ except ImportError as exc:  # one line saying what to install
     raise ImportError("turbotrain.lightning needs Lightning: pip install "
                       "'turbotrain[lightning]' (or pip install lightning)") from exc
 
-from turbotrain.train.config import AUTO
-from turbotrain.train.loader import Loader, LoaderError
+from turbotrain.train.config.config import AUTO
+from turbotrain.train.engine.loader import Loader, LoaderError
 
 __all__ = ["EpochLoader", "TurbotrainDataModule"]
 
@@ -203,7 +203,7 @@ class TurbotrainDataModule(pl.LightningDataModule):
 def _check_loader_arguments(data, split, batch_size, device, options: dict) -> None:
     """Loader's own argument check (one LoaderError line naming the argument)."""
     import inspect
-    from turbotrain.train import loader as loader_module
+    from turbotrain.train.engine import loader as loader_module
     bound = inspect.signature(Loader).bind(data, split, batch_size=batch_size, device=device,
                                            **options)
     bound.apply_defaults()

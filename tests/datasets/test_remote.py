@@ -289,8 +289,8 @@ def test_two_ranks_train_from_s3_and_a_killed_run_resumes_the_same(s3_server, tm
     import torch
 
     from tests.train.conftest import logged_steps, step_losses, wait_until
-    from tests.train.test_ddp import kill_job, run_torchrun, start_torchrun
-    from turbotrain.train.checkpoint import checkpoint_path
+    from tests.train.step.test_ddp import kill_job, run_torchrun, start_torchrun
+    from turbotrain.train.records.checkpoint import checkpoint_path
     out = write_random_raw_dataset(tmp_path / "ds", shards=4, per_shard=48, val=16)
     url = s3_server.upload(out, "ddp")
     steps = 2 * (4 * 48) // 16  # 2 epochs, global batch 2 x 8

@@ -23,9 +23,9 @@ from turbotrain.pipeline import (Capabilities, OptionalPackage, PipelineOptions,
 from turbotrain.pipeline.auto import sharded_reason
 from turbotrain.pipeline.ordered import OrderedPipeline
 from turbotrain.pipeline.registry import auto_order, pipeline_names, unregister_pipeline
-from turbotrain.train.config import TrainConfig
-from turbotrain.train.doctor import Facts, diagnose
+from turbotrain.train.config.config import TrainConfig
 from turbotrain.train.plan import DatasetFacts, GpuInfo, Machine, plan
+from turbotrain.train.records.doctor import Facts, diagnose
 
 GiB = 2**30
 TOY, GPU_TOY = "test-toy", "test-toy-gpu"
@@ -106,7 +106,7 @@ def test_the_plan_and_machine_take_the_toys(toys):
 
 
 def test_info_lists_the_toys_and_the_package_version(toys):
-    from turbotrain.train import info
+    from turbotrain.train.tools import info
     planned = plan(TrainConfig(data="DATA"), IMAGENET, Machine(cores=2, ram_bytes=6 * GiB))
     listed = info.pipelines(planned, IMAGENET)
     assert listed[TOY] == "usable"

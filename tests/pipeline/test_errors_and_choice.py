@@ -143,8 +143,8 @@ def test_resident_asks_for_no_cores_beside_the_model(split):
 
 
 def test_thread_budget_gives_torch_the_cores_a_pipeline_leaves():
-    from turbotrain.train.builder import threads_after_pipeline
-    from turbotrain.train.device import ThreadPlan
+    from turbotrain.train.engine.builder import threads_after_pipeline
+    from turbotrain.train.step.device import ThreadPlan
 
     class InProcess:
         cpu_workers = 0

@@ -239,7 +239,7 @@ def test_gpu_check_all_smoke_runs_every_stage_on_cpu(tmp_path):
     pytorch scaling, the table with every pipeline, and one verdict line per goal. (The
     table alone is `gpu_check.py --smoke`, which the missing-engines test runs.)"""
     result = run_gpu_check(tmp_path, "", "--all", "--tests",
-                           "tests/train/test_batch_finder.py")
+                           "tests/train/engine/test_batch_finder.py")
     measured = {row["pipeline"]: row for row in result["rows"]}
     expected_rows = {"synthetic", "pytorch", "resident", "torchvision-nvjpeg"}
     expected_rows |= {name for name in ("dali", "ffcv") if result["engines"][name]}

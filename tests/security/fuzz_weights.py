@@ -29,8 +29,8 @@ import torch  # noqa: E402
 from tests.security.fuzz_dataset_json import VALUES, _parent, _paths  # noqa: E402
 from turbotrain.printable import printable  # noqa: E402
 from turbotrain.train.errors import TrainError  # noqa: E402
-from turbotrain.train.models import build_model, get_model_spec  # noqa: E402
-from turbotrain.train.weights import CARD_KEY, ModelCard, load_classifier, save_weights  # noqa
+from turbotrain.train.models.models import build_model, get_model_spec  # noqa: E402
+from turbotrain.train.weights.weights import CARD_KEY, ModelCard, load_classifier, save_weights  # noqa
 
 MODELS = ["compact28", "resnet9", "airbench", "resnet18", "resnet50", "vit_b_16",
           "timm:resnet18", "timm:no_such_net", "os.system", "", "../compact28", "x" * 300]

@@ -37,8 +37,8 @@ def make_run(run: Path, data, classes, *, image_size: int = 16) -> Path:
     """A run folder as train leaves it, as far as eval, predict and export read it."""
     import torch
 
-    from turbotrain.train.models import build_model, get_model_spec
-    from turbotrain.train.weights import BEST_NAME, ModelCard, save_weights
+    from turbotrain.train.models.models import build_model, get_model_spec
+    from turbotrain.train.weights.weights import BEST_NAME, ModelCard, save_weights
     run.mkdir(parents=True)
     torch.manual_seed(0)
     card = ModelCard("compact28", tuple(classes), image_size, (70.0, 70.0, 70.0),

@@ -47,9 +47,10 @@ def run_writers(work: Path, dataset: Path) -> tuple[int | None, list[Path]]:
     import torch
 
     from tests.security.model_child import make_run
-    from turbotrain.train import checkpoint, config_files, report
-    from turbotrain.train.config import TrainConfig
-    from turbotrain.train.weights import read_weights, save_weights
+    from turbotrain.train.config import config_files
+    from turbotrain.train.records import checkpoint, report
+    from turbotrain.train.config.config import TrainConfig
+    from turbotrain.train.weights.weights import read_weights, save_weights
     run = make_run(work / "source", dataset, ["a", "b"])
     state, card = read_weights(run / "best.safetensors")
     folder = work / "run"

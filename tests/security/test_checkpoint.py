@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from turbotrain.train import checkpoint as ckpt
 from turbotrain.train.errors import TrainError
+from turbotrain.train.records import checkpoint as ckpt
 
 from .confined import changed, outside, tree_state
 from .train_child import FAST, run_train
@@ -209,7 +209,7 @@ def test_any_global_outside_the_allow_list_is_refused(tmp_path, payload, name):
 def test_a_class_of_our_own_is_code_too(tmp_path):
     path = _save(tmp_path, {"format_version": 1, "model": ckpt.StopRequest()})
     with pytest.raises(TrainError, match=r"asks to run code "
-                                         r"\(turbotrain\.train\.checkpoint\.StopRequest\)"):
+                                         r"\(turbotrain\.train\.records\.checkpoint\.StopRequest\)"):
         ckpt.load_checkpoint(tmp_path)
     assert path.is_file()
 
@@ -272,7 +272,7 @@ def test_new_checkpoints_need_no_numpy_globals(tmp_path):
 
 
 def test_config_yaml_errors_name_the_file(tmp_path):
-    from turbotrain.train.config_files import load_yaml
+    from turbotrain.train.config.config_files import load_yaml
     path = tmp_path / "config.yaml"
     os.mkfifo(path)
     with pytest.raises(TrainError, match=f"^config {path} is a named pipe, not a regular file$"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from turbotrain.train.errors import TrainError
-from turbotrain.train.weights_in import init_start, load_state_file
+from turbotrain.train.weights.weights_in import init_start, load_state_file
 
 from .confined import changed, outside, tree_state
 from .test_checkpoint import Payload

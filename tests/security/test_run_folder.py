@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from turbotrain.train import builder
-from turbotrain.train.config import TrainConfig
-from turbotrain.train.distributed import DistEnv
+from turbotrain.train.config.config import TrainConfig
+from turbotrain.train.engine import builder
 from turbotrain.train.errors import TrainError
+from turbotrain.train.step.distributed import DistEnv
 
 from .confined import changed, outside, tree_state
 from .train_child import FAST, run_train

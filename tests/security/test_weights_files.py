@@ -28,7 +28,7 @@ FUZZ_CASES = 300  # ~15 s on the 2-core box
 
 def _small_file(path: Path, **card) -> Path:
     """compact28's tensors for 2 classes (0.5 MB) under a card that says what `card` says."""
-    from turbotrain.train.models import build_model, get_model_spec
+    from turbotrain.train.models.models import build_model, get_model_spec
     model = build_model(get_model_spec("compact28"), 2)
     full = {"format": 1, "model": "compact28", "classes": ["a", "b"], "image_size": 16,
             "mean": [70, 70, 70], "std": [60, 60, 60], "model_kwargs": {}, "info": {}, **card}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from turbotrain.cli import main as turbotrain_main
-from turbotrain.train.report import read_metrics
+from turbotrain.train.records.report import read_metrics
 
 from . import memory_pipeline  # noqa: F401  (registers test-memory and test-slow)
 from .tiny_data import write_tiny_dataset

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config_files import config_from_namespace
-from .config_flags import add_config_arguments
+from .config.config_files import config_from_namespace
+from .config.config_flags import add_config_arguments
 from .errors import DistributedFailure, Interrupted, TrainError, TrainingDiverged
 
 PROG = "train"
@@ -23,7 +23,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds one flag per TrainConfig field, grouped, to `parser`."""
     from turbotrain.pipeline import pipeline_names
 
-    from .models import model_names
+    from .models.models import model_names
     model_help = (f"ours: {', '.join(model_names())}; any torchvision classifier "
                   "(resnet18, resnet50, ...); timm:NAME when timm is installed")
     parser.description = parser.description or "Train a classifier on a prepared dataset."
@@ -44,11 +44,11 @@ def run_train(args: argparse.Namespace) -> int:
     # faster CPU steps), set before the pipelines and the model allocate anything (pipeline
     # worker processes fork later and inherit it). train() called from a program leaves its
     # caller's allocator alone; the run's printed `host_memory` decision says which happened.
-    from .host_memory import keep_freed_memory
+    from .step.host_memory import keep_freed_memory
     keep_freed_memory()
     try:
         config = config_from_namespace(args)
-        from .trainer import train
+        from .engine.trainer import train
         train(config)
     except user_errors as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -13,7 +13,7 @@ facts.py    DatasetFacts (split sizes, image sides, JPEG share, classes, decoded
             WeightsFacts (what the starting weights' card says)
 rules.py    the rule for each setting, with the measurements behind it
 core.py     plan(): the rules applied in order; Observed, the measured inputs; Plan;
-            plan_loader(): the subset a Loader (train/loader.py) is opened with
+            plan_loader(): the subset a Loader (train/engine/loader.py) is opened with
 """
 from .core import ORDER, Observed, OpenedPipeline, Plan, plan, plan_loader
 from .facts import DatasetFacts, WeightsFacts

@@ -3,7 +3,7 @@ pure function, each value with its reason.
 
 No file, device or global is read or changed here: what the plan needs about the world comes in
 as values (Machine, DatasetFacts, Observed), so a plan for another machine is computed the same
-way (tests/train/test_plan.py). What only a measurement can answer is an explicit input:
+way (tests/train/plan/test_plan.py). What only a measurement can answer is an explicit input:
 
 * the batch size (`--batch-size auto`): the plan says "search up to N, leaving R bytes for the
   resident store" (`Plan.batch_search`); builder.build_run runs batch_finder and plans again
@@ -28,13 +28,12 @@ from turbotrain.pipeline.registry import auto_order, capabilities
 from turbotrain.pipeline.resident import budget_of
 from turbotrain.pipeline.workers import ThreadPlan, after_pipeline, split_cores
 
-# The plan imports leaf modules only (tests/train/test_plan_imports.py): none of these imports
-# anything that leads back here.
-from ..checkpoint import CHECKPOINT_NAME
-from ..config import AUTO, TrainConfig
+# The plan imports leaf modules only (tests/train/plan/test_plan_imports.py): none of these
+# imports anything that leads back here.
+from ..config.config import AUTO, TrainConfig
+from ..config.model_args import canonical, parse_model_kwargs
 from ..errors import TrainError
-from ..model_args import canonical, parse_model_kwargs
-from ..models import get_model_spec
+from ..models.models import get_model_spec
 from . import recipe, rules
 from .facts import DatasetFacts, WeightsFacts
 from .machine import Machine
@@ -147,9 +146,10 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
 
 def plan_loader(config: TrainConfig, facts: DatasetFacts, machine: Machine,
                 observed: Observed = Observed()) -> Plan:
-    """The decisions a `Loader` (train/loader.py) is opened with, by the rules `plan` applies:
-    device, image size, pipeline, order, worker mode and the split of the cores. A loader has
-    no model, optimizer or schedule, so those rules are not asked (`batch_size` must be set)."""
+    """The decisions a `Loader` (train/engine/loader.py) is opened with, by the rules `plan`
+    applies: device, image size, pipeline, order, worker mode and the split of the cores. A
+    loader has no model, optimizer or schedule, so those rules are not asked (`batch_size`
+    must be set)."""
     d: dict[str, Decision] = {}
     device = _decide(d, "device", rules.device(config.device, machine.gpus,
                                                      machine.local_rank))
@@ -207,7 +207,7 @@ def _resume(d: dict, config: TrainConfig, observed: Observed) -> TrainConfig:
     if observed.out_names is _NOT_LISTED:  # info, tune: not started, --out not looked at
         d["resume"] = Decision(AUTO, "decided at start from what --out holds")
         return config
-    d["resume"] = rules.resume(config.out, observed.out_names, CHECKPOINT_NAME)
+    d["resume"] = rules.resume(config.out, observed.out_names, rules.CHECKPOINT_NAME)
     return config.replace(resume=d["resume"].value)
 
 

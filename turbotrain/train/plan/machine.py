@@ -15,8 +15,6 @@ from turbotrain import host
 from turbotrain.pipeline.auto import installed_engines
 from turbotrain.pipeline.registry import optional_engines, pipeline_names
 
-from ..distributed import dist_env_from_environ
-
 
 def _registered_pipelines() -> tuple[str, ...]:
     return tuple(pipeline_names())
@@ -86,12 +84,10 @@ class Machine:
                 f"RAM available, {gpus}; {launch}")
 
     @classmethod
-    def detect(cls, env=None) -> Machine:
-        """This machine, seen from this process. `env`: torchrun's ranks (a DistEnv; from the
-        environment when None). Reads the affinity, /proc/meminfo and the cgroup limit,
+    def detect(cls, env) -> Machine:
+        """This machine, seen from this process. `env`: torchrun's ranks (a DistEnv:
+        step/distributed.py's dist_env_from_environ, or the process group's). Reads the affinity, /proc/meminfo and the cgroup limit,
         /proc/cpuinfo (once), and on CUDA each GPU's properties and this rank's free memory."""
-        if env is None:
-            env = dist_env_from_environ()
         cpu = host.cpu_info()
         if cpu.read:
             bf16 = "avx512_bf16" in cpu.flags or "amx_bf16" in cpu.flags

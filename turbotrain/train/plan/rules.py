@@ -350,6 +350,11 @@ def order(requested: str, *, pipeline: str, reads_during_epoch: bool, stored_byt
 
 # ---------------------------------------------------------------------------- --resume auto
 
+# The checkpoint's file name in a run folder: what --resume auto looks for (records/checkpoint.py
+# writes it under this name).
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
 def resume(out: str | None, names, checkpoint_name: str) -> Decision:
     """`--resume auto`, from the names in --out (None: no such folder): continue the run there
     when it has a checkpoint, else start a new one, which needs the folder missing or empty

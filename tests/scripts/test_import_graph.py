@@ -1,0 +1,62 @@
+"""scripts/import_graph.py: on a toy package it finds a planted import cycle and an import that
+goes back up the layers; on turbotrain, no module-level import goes back up the layer order
+(cli > train's folders > pipeline > datasets) and none closes a cycle."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "import_graph.py"
+
+TOY = {
+    "__init__.py": "",
+    "cli.py": "from .train import run\n",
+    "train/__init__.py": "",
+    "train/run.py": ("from toy.pipeline import load\n\n\n"
+                     "def go():\n    from . import helper\n    return helper\n"),
+    "train/helper.py": ("import os\n\n\n"
+                        "def f():\n    import json\n    from .run import go\n"
+                        "    return go, json, os\n"),
+    "pipeline/__init__.py": "",
+    "pipeline/load.py": "from ..datasets import read\n",
+    "datasets/__init__.py": "",
+    # Planted: datasets importing pipeline goes back up, and closes a module-level cycle.
+    "datasets/read.py": ("from typing import TYPE_CHECKING\n"
+                         "from toy.pipeline import load\n"
+                         "if TYPE_CHECKING:\n    from toy.cli import run  # never runs: no edge\n"),
+}
+
+
+def graph(*args) -> dict:
+    done = subprocess.run([sys.executable, str(SCRIPT), *map(str, args), "--json"],
+                          capture_output=True, text=True, check=True, timeout=120)
+    return json.loads(done.stdout)
+
+
+def test_finds_a_planted_cycle_and_a_back_up_import(tmp_path):
+    for name, text in TOY.items():
+        (tmp_path / "toy" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "toy" / name).write_text(text)
+    r = graph("--root", tmp_path / "toy", "--layers", "toy.cli > toy.train > toy.pipeline > "
+              "toy.datasets > toy")
+    assert r["back_up_imports"]["module"] == ["toy.datasets.read:2 -> toy.pipeline.load"]
+    assert r["back_up_imports"]["function"] == []
+    assert [c["modules"] for c in r["cycles_module_level"]["components"]] == [
+        ["toy.datasets.read", "toy.pipeline.load"]]
+    assert sorted(c["modules"] for c in r["cycles_with_function_level"]["components"]) == [
+        ["toy.datasets.read", "toy.pipeline.load"], ["toy.train.helper", "toy.train.run"]]
+    # cli -> train.run -> (pipeline.load <-> datasets.read: one step)
+    assert r["import_levels"] == 3
+    assert r["longest_chain"][0] == "toy.cli"
+    assert r["function_level_imports"] == {"ours": 2, "all": 3}
+    assert r["folders"]["toy/train"]["modules"] == 3
+    assert r["longest_functions"][0]["function"].startswith("toy.train.helper:")
+
+
+def test_turbotrain_imports_go_down_only():
+    r = graph()
+    assert r["back_up_imports"]["module"] == []
+    assert r["cycles_module_level"]["components"] == []

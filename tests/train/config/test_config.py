@@ -1,0 +1,93 @@
+"""TrainConfig: flags generated from the dataclass, YAML under flags, saved config reloads."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from turbotrain.train.config.config import FIELDS, TrainConfig
+from turbotrain.train.config.config_files import config_from_namespace, load_yaml, save_yaml
+from turbotrain.train.config.config_flags import add_config_arguments
+from turbotrain.train.errors import TrainError
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, pipeline_choices=["pytorch"])
+    return parser.parse_args([str(a) for a in argv])
+
+
+def test_every_field_has_a_flag_and_only_given_flags_are_set():
+    args = parse("--data", "d", "--batch-size", "64", "--no-ema", "--image-size", "auto")
+    assert vars(args) == {"data": "d", "batch_size": 64, "ema": False, "image_size": None}
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    flags = {a.dest for a in parser._actions if a.dest != "help"}
+    assert flags == set(FIELDS)
+
+
+def test_on_off_flags_use_boolean_optional_action():
+    assert parse("--compile").compile is True and parse("--no-compile").compile is False
+    assert parse("--channels-last").channels_last is True
+
+
+def test_bad_values_are_refused_by_argparse():
+    for argv in (["--batch-size", "x"], ["--precision", "fp8"], ["--pipeline", "nope"]):
+        with pytest.raises(SystemExit):
+            parse(*argv)
+
+
+def test_layering_defaults_yaml_flags(tmp_path):
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("data: from-yaml\nepochs: 3\nlr: 0.5\nema: true\nimage_size: auto\n")
+    config = config_from_namespace(parse("--config", yaml_file, "--lr", "0.1"))
+    assert config.data == "from-yaml" and config.epochs == 3 and config.ema is True
+    assert config.lr == 0.1  # the flag wins
+    assert config.image_size is None and config.optimizer == "sgd"  # auto / default
+
+
+def test_saved_config_round_trips_and_resume_reads_it(tmp_path):
+    config = TrainConfig(data="d", model="resnet9", batch_size=32, lr=0.2, image_size=32,
+                         out=str(tmp_path), resume=True, config="x.yaml")
+    save_yaml(config, tmp_path / "config.yaml")
+    loaded = load_yaml(tmp_path / "config.yaml")
+    assert "resume" not in loaded and "config" not in loaded
+    assert TrainConfig(**loaded) == config.replace(resume=False, config=None)
+    resumed = config_from_namespace(parse("--out", tmp_path, "--resume", "--epochs", "20"))
+    assert resumed.model == "resnet9" and resumed.batch_size == 32 and resumed.epochs == 20
+    assert resumed.resume is True
+
+
+def test_a_run_saved_before_order_existed_resumes_in_random_order(tmp_path):
+    config = TrainConfig(data="d", model="resnet9", batch_size=32, out=str(tmp_path),
+                         order="quasi-random")
+    save_yaml(config, tmp_path / "config.yaml")
+    assert load_yaml(tmp_path / "config.yaml")["order"] == "quasi-random"
+    assert config_from_namespace(parse("--out", tmp_path, "--resume")).order == "quasi-random"
+    text = (tmp_path / "config.yaml").read_text()
+    (tmp_path / "config.yaml").write_text(
+        "".join(line for line in text.splitlines(True) if not line.startswith("order:")))
+    assert config_from_namespace(parse("--out", tmp_path, "--resume")).order == "random"
+    assert config_from_namespace(parse("--data", "d")).order == "auto"  # a new run decides
+
+
+@pytest.mark.parametrize("text, message", [
+    ("bogus: 1\n", "unknown setting 'bogus'"),
+    ("epochs: many\n", "--epochs: expected int"),
+    ("optimizer: lamb\n", "--optimizer: 'lamb' is not one of"),
+    ("- a\n- b\n", "must be a mapping"),
+    ("a: [\n", "not valid YAML"),
+])
+def test_yaml_errors_are_one_line(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(TrainError, match=message.replace("[", r"\[")) as exc:
+        load_yaml(path)
+    assert "\n" not in str(exc.value)
+
+
+def test_data_is_required_and_resume_needs_out():
+    with pytest.raises(TrainError, match="--data is required"):
+        config_from_namespace(parse())
+    with pytest.raises(TrainError, match="--resume needs --out"):
+        config_from_namespace(parse("--resume"))

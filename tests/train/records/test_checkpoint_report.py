@@ -1,0 +1,112 @@
+"""Atomic checkpoints, RNG capture, metrics truncation on resume, and curves.png."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from turbotrain.train.errors import TrainError
+from turbotrain.train.records import checkpoint as ckpt
+from turbotrain.train.records.report import MetricsLog, plot_curves, read_metrics
+
+
+def test_atomic_save_replaces_and_leaves_no_temp_file(tmp_path):
+    path = ckpt.checkpoint_path(tmp_path)
+    ckpt.save_atomic({"x": 1}, path)
+    ckpt.save_atomic({"x": 2}, path)
+    assert torch.load(path, weights_only=True)["x"] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path):
+    path = ckpt.checkpoint_path(tmp_path)
+    ckpt.save_atomic({"x": 1}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        ckpt.save_atomic({"x": Unpicklable()}, path)
+    assert torch.load(path, weights_only=True)["x"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_damaged_or_missing_checkpoint_is_a_one_line_error(tmp_path):
+    with pytest.raises(TrainError, match="no checkpoint"):
+        ckpt.load_checkpoint(tmp_path)
+    ckpt.checkpoint_path(tmp_path).write_bytes(b"not a checkpoint")
+    with pytest.raises(TrainError, match="is damaged or not a turbotrain checkpoint"):
+        ckpt.load_checkpoint(tmp_path)
+
+
+def test_rng_round_trip():
+    ckpt.seed_everything(1)
+    state = ckpt.capture_rng()
+    first = (random.random(), np.random.rand(), torch.rand(1).item())
+    ckpt.restore_rng(state)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+
+
+def test_metrics_truncate_after_checkpoint(tmp_path):
+    log = MetricsLog(tmp_path)
+    for step in range(1, 7):
+        log.write({"kind": "step", "step": step, "loss": 1.0 / step, "epoch": 0})
+        if step == 3:
+            log.write({"kind": "epoch", "epoch": 0, "step": 3, "val_loss": 0.5})
+    log.write({"kind": "epoch", "epoch": 1, "step": 6, "val_loss": float("nan")})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "step", "st')  # torn by kill -9
+    log.truncate_after(step=4, epochs_done=1)
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records if r["kind"] == "step"] == [1, 2, 3, 4]
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0]
+
+
+def test_nan_is_written_as_null_and_curves_are_drawn(tmp_path):
+    log = MetricsLog(tmp_path)
+    for step in range(1, 5):
+        log.write({"kind": "step", "step": step, "loss": float("nan") if step == 2 else 1.0,
+                   "epoch": 0, "epoch_float": step / 4, "time": float(step)})
+    log.write({"kind": "epoch", "epoch": 0, "epoch_float": 1.0, "step": 4, "time": 4.0,
+               "val_loss": 0.7, "val_accuracy": 0.6})
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[1])["loss"] is None
+    path = plot_curves(tmp_path)
+    assert path.is_file() and path.stat().st_size > 1000
+
+
+class _Terminal:
+    def __init__(self):
+        self.text = ""
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise():
+    import io
+
+    from turbotrain.train.records.progress import Progress
+    update = dict(epoch=0, epochs=2, step=5, loss=0.5, images_per_second=1000.0,
+                  data_wait_fraction=0.25, eta_seconds=65)
+    terminal = _Terminal()
+    bar = Progress(total_steps=10, stream=terminal)
+    bar.update(**update)
+    bar.close()
+    assert bar.bar is None and "5/10" in terminal.text and "data-wait 25%" in terminal.text
+    pipe = io.StringIO()
+    lines = Progress(total_steps=10, stream=pipe)
+    lines.update(**update)
+    lines.update(**{**update, "step": 6, "images_per_second": None})
+    assert pipe.getvalue().splitlines() == [
+        "epoch 1/2  step 5/10  loss 0.5000  1,000 img/s  data-wait 25%  ETA 1:05",
+        "epoch 1/2  step 6/10  loss 0.5000  warming up  ETA 1:05"]

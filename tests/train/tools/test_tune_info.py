@@ -1,0 +1,160 @@
+"""`turbotrain tune` (a tiny, few-second sweep over the in-test pipelines) and `turbotrain info`."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import time
+
+import PIL
+import pytest
+
+from turbotrain.train.engine import batch_finder as bf
+from turbotrain.train.tools.info import pillow_build
+from turbotrain.train.tools.tune import worker_counts
+
+
+@pytest.mark.timeout(60)
+def test_tune_sweeps_pipelines_and_recommends_a_train_command(cli, tiny_dataset, monkeypatch):
+    from tests.train.memory_pipeline import SlowPipeline
+    # 200 ms a batch: more than a loaded box's step (50 ms was, with 2 pytest workers).
+    monkeypatch.setattr(SlowPipeline, "delay", 0.2)
+    code, out, err = cli("tune", "--data", tiny_dataset, "--pipeline", "test-memory",
+                         "test-slow", "--workers", 1, "--budget-seconds", 3, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    rows = {r["pipeline"]: r for r in result["rows"]}
+    assert set(rows) == {"test-memory", "test-slow"}
+    # test-slow sleeps a batch: slower alone, and the model waits for it.
+    assert rows["test-memory"]["loader_images_per_second"] > \
+        rows["test-slow"]["loader_images_per_second"]
+    assert result["best"]["pipeline"] == "test-memory"
+    assert result["largest_fitting"] >= 1 and result["batch_size"] <= result["largest_fitting"]
+    command = result["command"]
+    assert command.startswith(f"turbotrain train --data {tiny_dataset} --pipeline test-memory")
+    assert f"--batch-size {result['batch_size']}" in command
+
+
+def test_a_slow_batch_search_leaves_the_sweep_its_budget(cli, tiny_dataset, monkeypatch):
+    """On a GPU the batch search (CUDA start-up, cuDNN autotune, trial steps) took longer than
+    a short --budget-seconds, every row was skipped for time, and the test above failed with
+    TypeError: '>' between NoneType and NoneType (issue 14). The budget is the sweep's."""
+    real = bf.find_batch_size
+
+    def slow(build, settings, **k):
+        time.sleep(1.5)
+        return real(build, settings, **k)
+
+    monkeypatch.setattr(bf, "find_batch_size", slow)
+    code, out, err = cli("tune", "--data", tiny_dataset, "--pipeline", "test-memory",
+                         "--workers", 1, "--budget-seconds", 1, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["rows"][0]["loader_images_per_second"] > 0, result["rows"]
+    assert result["best"]["pipeline"] == "test-memory" and result["seconds"] >= 1.5
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(120)
+def test_tune_on_the_gpu(cli, tiny_dataset):
+    code, out, err = cli("tune", "--data", tiny_dataset, "--device", "cuda", "--pipeline",
+                         "test-memory", "test-slow", "--workers", 1, "--budget-seconds", 3,
+                         "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["device"].startswith("cuda") and "trial step pair(s) on cuda:" in result["how"]
+    rows = {r["pipeline"]: r for r in result["rows"]}
+    assert rows["test-memory"]["loader_images_per_second"] > \
+        rows["test-slow"]["loader_images_per_second"]
+    assert result["best"]["pipeline"] == "test-memory" and "--threads" not in result["command"]
+
+
+def test_tune_reaches_a_global_batch_with_accumulation(cli, tiny_dataset, monkeypatch):
+    real = bf.find_batch_size
+    monkeypatch.setattr(bf, "find_batch_size",  # a device with room for 16 images
+                        lambda build, settings, **k: real(build, settings,
+                                                           **{**k, "limit": min(k["limit"], 16)}))
+    code, out, err = cli("tune", "--data", tiny_dataset, "--pipeline", "test-memory",
+                         "--workers", 1, "--budget-seconds", 1, "--global-batch-size", 64)
+    assert code == 0, err
+    assert "--batch-size 16 --accum-steps 4" in out
+    assert "largest micro-batch that fits: 16" in out and "test-memory" in out
+
+
+def test_tune_user_errors(cli, tmp_path, tiny_dataset):
+    code, _, err = cli("tune", "--data", tmp_path / "missing")
+    assert code == 2 and err.startswith("turbotrain tune: error:")
+    code, _, err = cli("tune", "--data", tiny_dataset, "--budget-seconds", 0)
+    assert code == 2 and "--budget-seconds" in err
+
+
+def test_worker_counts_split_the_cores():
+    assert worker_counts(2, "cpu") == [1]
+    assert worker_counts(16, "cpu") == [1, 4, 8, 15]
+    assert worker_counts(16, "cuda") == [4, 8, 15]
+
+
+def test_info_reports_versions_hardware_pipelines_and_picks(cli, tiny_dataset):
+    code, out, err = cli("info", "--data", tiny_dataset, "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert {"torch", "torchvision", "DALI", "FFCV", "Pillow"} <= set(info["versions"])
+    assert info["cpu"]["cores usable"] >= 1 and "native bf16" in info["cpu"]
+    assert info["pipelines"]["pytorch"] == "usable"
+    picks = info["train would pick"]
+    for key in ("device", "precision", "compile", "threads, JPEG data", "image size", "model",
+                "batch size", "pipeline"):
+        assert ": " in picks[key], key  # a value and its reason
+    code, text, _ = cli("info")
+    assert code == 0 and "train would pick:" in text and "precision" in text
+
+
+def test_info_says_which_pil_runs(cli):
+    """pillow-simd after `make install` on a machine that can build it, else plain pillow: the
+    line names the one imported, at the version pip has installed under the name pillow."""
+    code, out, err = cli("info", "--json")
+    assert code == 0, err
+    shown = json.loads(out)["versions"]["Pillow"]
+    running = PIL.__version__
+    assert importlib.metadata.version("pillow") == running  # no second PIL/ shadows it
+    kind = "pillow-simd" if ".post" in running else "pillow"
+    assert shown.startswith(f"{kind} {running.split('+')[0]} (")  # +avx2: shown as (AVX2)
+    code, text, _ = cli("info")
+    assert f"Pillow               {shown}" in text
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("12.1.1.post0+avx2", "pillow-simd 12.1.1.post0 (AVX2)"),  # scripts/build_pillow_simd.py
+    ("12.1.1.post0+sse4", "pillow-simd 12.1.1.post0 (SSE4)"),
+    ("9.5.0.post2", "pillow-simd 9.5.0.post2 (instruction set not recorded)"),  # pip's own
+    ("13.0.0", "pillow 13.0.0 (plain; make install builds pillow-simd"),
+])
+def test_pillow_build_tells_pillow_simd_from_pillow(version, expected):
+    assert pillow_build(version).startswith(expected)
+
+
+def test_tune_recommends_a_resident_batch_that_leaves_room_for_the_store(tiny_dataset,
+                                                                         monkeypatch):
+    """tune searched with its own copy of train's batch rule, without the resident store's
+    reserve: on a device with room for the store and 20 images it recommended 30 (the room of
+    the step alone), which left none for the store. It now asks train's plan for the search."""
+    import argparse
+
+    from turbotrain.train.tools.tune import Sweep
+    args = argparse.Namespace(data=tiny_dataset, model="auto", image_size=None, device="cpu",
+                              precision="auto", optimizer="sgd", global_batch_size=None,
+                              pipeline=None, workers=None, budget_seconds=1.0)
+    sweep = Sweep(args)
+    assert sweep.plan.config.pipeline == "resident"
+    store = sweep.facts.resident_bytes(sweep.image_size)
+    per_image = store // 10
+    capacity = store + 20 * per_image
+    reserves = []
+
+    def device_with_capacity(build, settings, *, limit, reserve_bytes=0, **_):
+        reserves.append(reserve_bytes)
+        return bf.BatchFit(min(limit, (capacity - reserve_bytes) // per_image), limit, "fake")
+
+    monkeypatch.setattr(bf, "find_batch_size", device_with_capacity)
+    plan = sweep.batch_plan()
+    assert reserves == [store] and plan["reserve_bytes"] == store
+    assert plan["batch_size"] == 20 and plan["batch_size"] * per_image + store <= capacity

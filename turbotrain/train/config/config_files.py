@@ -1,0 +1,109 @@
+"""TrainConfig on disk: YAML settings files, and the layering that builds a run's config.
+
+Settings layer, later wins: the dataclass defaults, the run's saved `config.yaml` (with
+`--resume`), the `--config FILE.yaml`, then the flags given on the command line
+(`config_from_namespace`). Keys are the flag names; each value is checked as its flag is
+(config_flags.parse_value). A run saves its resolved settings in RUNDIR/config.yaml
+(`save_yaml`, called by builder.py), so a saved config reruns as is.
+
+This module imports no torch, so building the parser for `--help` stays cheap.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import yaml
+
+from ..errors import TrainError
+from .config import AUTO, FIELDS, PAIRS, TrainConfig
+from .config_flags import parse_value
+
+# A config file is a few hundred bytes; a cap keeps a huge or endless one from being read whole.
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def read_yaml(path: Path):
+    """What a YAML settings file holds, read the one way every config file is (`--config`, a
+    run's config.yaml for --resume, eval, predict and export): a regular file only (a named
+    pipe would block the read forever), at most MAX_CONFIG_BYTES, `yaml.safe_load` (no tags
+    that build objects). Whatever the file does wrong is one TrainError line naming it: a
+    5,000-digit integer (ValueError from int()), nesting 200,000 deep (RecursionError in
+    PyYAML's composer), or a structure too large for memory."""
+    from turbotrain.datasets.untrusted import UnsafeInput, read_regular
+    try:
+        data = read_regular(path, MAX_CONFIG_BYTES)
+    except UnsafeInput as exc:
+        raise TrainError(f"config {path} {exc}") from None
+    except OSError as exc:
+        raise TrainError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(data)
+    except yaml.YAMLError as exc:
+        raise TrainError(f"config {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    except ValueError as exc:  # int() of more than 4,300 digits
+        raise TrainError(f"config {path} is not valid YAML: {str(exc).split(';')[0]}") from None
+    except (RecursionError, MemoryError):
+        raise TrainError(f"config {path} is not valid YAML: nested too deeply or too large "
+                         "to read") from None
+
+
+def load_yaml(path: str | os.PathLike) -> dict:
+    """The settings in a YAML file, validated; keys may be written `batch-size` or `batch_size`."""
+    path = Path(path)
+    loaded = read_yaml(path)
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise TrainError(f"config {path} must be a mapping of flag names to values")
+    settings = {}
+    for key, raw in loaded.items():
+        name = str(key).replace("-", "_")
+        if name not in FIELDS:
+            raise TrainError(f"config {path}: unknown setting {str(key)[:80]!r}; choose from: "
+                             f"{', '.join(n.replace('_', '-') for n in FIELDS)}")
+        pair = name in PAIRS and isinstance(raw, list) and len(raw) == 2  # checked by parse_value
+        if not pair and not isinstance(raw, (str, int, float, bool, type(None))):
+            # Never str() a list or mapping: YAML aliases nest them into billions of items.
+            raise TrainError(f"config {path}: {key} must be a single value, not a "
+                             f"{type(raw).__name__}")
+        settings[name] = parse_value(name, raw)
+    return settings
+
+
+def save_yaml(config: TrainConfig, path: str | os.PathLike) -> None:
+    """Writes the run's settings as YAML readable by `--config`; auto values must be resolved.
+    Written beside and renamed over `path`: a symlink there is replaced, not written through."""
+    from turbotrain.datasets.safe_create import write_file
+    data = {name.replace("_", "-"): value for name, value in config.to_saved_dict().items()}
+    write_file(path, yaml.safe_dump(data, sort_keys=False))
+
+
+# What a run saved before a setting existed did instead: resuming it must not switch to what
+# `auto` would pick now (a split over half the RAM would go quasi-random mid-run).
+BEFORE_IT_EXISTED = {"order": "random"}
+
+
+def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
+    """Defaults <- RUNDIR/config.yaml (with --resume) <- --config FILE <- the given flags."""
+    given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
+    from_file = load_yaml(given["config"]) if given.get("config") else {}
+    requested = {**from_file, **given}
+    saved = {}
+    resume = requested.get("resume")
+    if resume:
+        if not requested.get("out"):
+            raise TrainError(f"--resume{' auto' if resume == AUTO else ''} needs --out RUNDIR "
+                             "(the run to continue)")
+        saved_path = Path(requested["out"]) / "config.yaml"
+        # --resume auto continues only a run that has a checkpoint (checkpoint.CHECKPOINT_NAME;
+        # that module imports torch); without one it starts a new run (builder.py says so).
+        if resume is True or os.path.lexists(Path(requested["out"]) / "checkpoint.pt"):
+            if not os.path.lexists(saved_path):  # anything else: load_yaml says what it is
+                raise TrainError(f"--resume: no run to continue in {requested['out']} "
+                                 "(no config.yaml there)")
+            saved = {**BEFORE_IT_EXISTED, **load_yaml(saved_path)}
+    config = TrainConfig(**{**saved, **requested})
+    config.validate()
+    return config

@@ -1,0 +1,387 @@
+"""Everything a run needs, built once in order: the plan (plan/: every automatic choice), then
+what it says: device, data, pipelines, model, optimizer, and, with `--resume`, the state they
+had at the last checkpoint."""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from turbotrain.datasets.untrusted import is_inside
+from turbotrain.pipeline import build_pipeline
+from turbotrain.pipeline.workers import after_pipeline
+from turbotrain.printable import printable
+
+from ..config.config import AUTO, TrainConfig
+from ..config.config_files import save_yaml
+from ..errors import TrainError
+from ..models.models import Classifier, build_model, deterministic_global_pools
+from ..plan import DatasetFacts, Machine, Observed, Plan, plan
+from ..records import checkpoint as ckpt
+from ..step import host_memory
+from ..step.device import ThreadPlan, apply_torch_threads, use_device
+from ..step.distributed import (DistEnv, broadcast_object, convert_sync_batchnorm,
+                                init_process_group, wrap_model)
+from ..step.ema import ModelEMA
+from ..step.loop import StepEngine, StepSettings, make_engine
+from ..step.mixing import mixer_for
+from ..step.schedule import LRSchedule
+from ..weights.finetune import optimizer_groups, start_model, weights_facts
+from . import batch_finder
+from .data import open_split, open_val_split
+from .loader import Loader, open_planned, pipeline_options
+
+
+@dataclass
+class Run:
+    config: TrainConfig  # every auto resolved
+    env: DistEnv
+    run_dir: Path
+    device: torch.device
+    precision: str
+    compiled: bool
+    channels_last: bool
+    threads: ThreadPlan
+    pipeline_name: str
+    train_pipeline: object
+    val_pipeline: object | None
+    model: Classifier  # the plain module: checkpoints and evaluation use it
+    engine: StepEngine
+    ema: ModelEMA | None
+    steps_per_epoch: int
+    total_steps: int
+    num_classes: int
+    decisions: dict[str, str] = field(default_factory=dict)  # what -> "value: reason"
+    classes: tuple[str, ...] = ()  # the train split's class names (the weights files' card)
+    resume_state: dict | None = None
+
+    @property
+    def global_batch(self) -> int:
+        return self.config.batch_size * self.config.accum_steps * self.env.world_size
+
+
+def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) -> Run:
+    """Plans the run and carries the plan out (see `_plan_and_open`), then builds the model, the
+    run folder and the training step. `cleanup` closes the pipelines when the run ends, or when
+    building it fails half-way."""
+    config.validate()
+    planned, train_data, train_pipeline, val_pipeline = _plan_and_open(config, env, cleanup)
+    config, device = planned.config, planned.device
+    decisions = dict(planned.lines)
+
+    def decide(what: str, value, reason: str):  # what building the model finds out
+        decisions[what] = f"{value}: {reason}"
+        return value
+
+    _set_determinism(config, device)
+    ckpt.seed_everything(config.seed)
+    # The dataset's mean/std, or the starting weights' (finetune.py); --freeze-backbone. Built
+    # before the run folder, so that weights that are missing or do not fit leave no folder.
+    model = start_model(planned.spec, config, train_data, resuming=bool(config.resume),
+                        decide=decide)
+    config, run_dir, resume_state = _open_run_dir(config, env)
+    fresh = resume_state is None and not config.from_weights
+    train_model, ema = _place_model(model, planned, env, train_pipeline if fresh else None,
+                                    decide)
+    n = train_data.num_classes
+    engine = _step_engine(model, train_model, ema, config, planned, env, num_classes=n,
+                          decide=decide)
+    run = Run(config=config, env=env, run_dir=run_dir, device=device,
+              precision=config.precision, compiled=config.compile,
+              channels_last=config.channels_last, threads=planned.threads,
+              pipeline_name=config.pipeline, train_pipeline=train_pipeline,
+              val_pipeline=val_pipeline, model=model, engine=engine, ema=ema,
+              steps_per_epoch=planned.steps_per_epoch, total_steps=planned.total_steps,
+              num_classes=n, decisions=decisions, resume_state=resume_state,
+              classes=tuple(train_data.class_names))
+    if resume_state is not None:
+        restore_modules(run, resume_state)
+    return run
+
+
+def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack):
+    """The plan for this machine and data, carried out up to the pipelines: the device (made
+    current; the process group), the batch search it asks for, the pipelines, torch's threads.
+    Each measurement is planned again with (plan/core.py), so the returned plan holds every
+    decision as made. Returns (plan, train split, train pipeline, val pipeline or None)."""
+    machine = Machine.detect(env)
+    observed = Observed(host_memory=host_memory.decision())  # applied by cli.run_train
+    device = plan(config, None, machine, observed).device  # the process group needs it first
+    use_device(device)
+    init_process_group(env, device, config.dist_timeout)
+    if config.resume == AUTO:  # rank 0 looks at --out, so that every rank takes one path
+        listing = _listing(config.out) if env.is_main else None
+        observed = observed.replace(out_names=broadcast_object(listing, env))
+    cache = dict(cache_dir=config.cache_dir, cache_limit=config.cache_limit)  # a --data URL's
+    train_data = open_split(config.data, "train", **cache)
+    val_data, val_missing = open_val_split(config.data, **cache)
+    facts = DatasetFacts.of(train_data, val_data, val_missing)
+    observed = observed.replace(weights=weights_facts(config))
+    planned = plan(config, facts, machine, observed)
+    if planned.batch_search is not None:
+        observed = observed.replace(batch_fit=_search_batch(planned, facts.num_classes, env))
+    planned, train_pipeline, val_pipeline = _open_pipelines(
+        config, facts, machine, observed, (train_data, val_data), env, cleanup)
+    apply_torch_threads(planned.threads.torch_threads)
+    return planned, train_data, train_pipeline, val_pipeline
+
+
+def _open_run_dir(config: TrainConfig, env: DistEnv) -> tuple[TrainConfig, Path, dict | None]:
+    """The run folder (a new one, or --resume's), the checkpoint state to continue from, and
+    RUNDIR/config.yaml (the resolved settings)."""
+    run_dir = _prepare_run_dir(config, env)
+    config = config.replace(out=str(run_dir))
+    resume_state = ckpt.load_checkpoint(run_dir) if config.resume else None
+    if resume_state is not None:
+        _check_same_world_size(resume_state, env, run_dir)
+    if env.is_main:
+        save_yaml(config, run_dir / "config.yaml")
+    return config, run_dir, resume_state
+
+
+def _search_batch(planned: Plan, num_classes: int, env: DistEnv) -> batch_finder.BatchFit:
+    """The batch search the plan asks for (plan.BatchSearch): the largest micro-batch up to its
+    limit whose training step fits beside the resident store (the smallest answer of all
+    ranks, so that they train the same micro-batch)."""
+    search = planned.batch_search
+    return batch_finder.find_batch_size(
+        lambda: build_model(planned.spec, num_classes), StepSettings.of(planned),
+        image_size=planned.config.image_size, num_classes=num_classes, limit=search.limit,
+        reserve_bytes=search.reserve_bytes, env=env)
+
+
+def _open_pipelines(config: TrainConfig, facts: DatasetFacts, machine: Machine,
+                    observed: Observed, splits: tuple, env: DistEnv,
+                    cleanup: contextlib.ExitStack) -> tuple[Plan, Loader, Loader | None]:
+    """Opens the planned train pipeline as a Loader (the object a user's own loop iterates;
+    with `--pipeline auto`, one that fails to open is planned around: the next in the fallback
+    order), then the val pipeline like it; returns the plan made with what the opened pipeline
+    says (its batches, its CPU workers)."""
+    train_data, val_data = splits
+    planned, train_pipeline, _ = open_planned(config, facts, machine, observed, train_data,
+                                              env, plan)
+    cleanup.callback(train_pipeline.close)
+    val_loader = None
+    if val_data is not None:
+        val_pipeline = build_pipeline(planned.value("pipeline"), val_data,
+                                      pipeline_options(planned, env, train=False))
+        cleanup.callback(val_pipeline.close)
+        val_loader = Loader.opened(val_pipeline, planned, val_data)
+    return planned, Loader.opened(train_pipeline, planned, train_data), val_loader
+
+
+def _place_model(model: Classifier, planned: Plan, env: DistEnv, init_pipeline, decide
+                 ) -> tuple[nn.Module, ModelEMA | None]:
+    """The model on its device as the plan says (memory format, SyncBatchNorm, compile, DDP);
+    returns the module to train and the EMA. `init_pipeline`: a batch for nets that set
+    weights from data (fresh runs only)."""
+    config, device = planned.config, planned.device
+    if config.deterministic and device.type == "cuda":
+        swapped = deterministic_global_pools(model)
+        if swapped:
+            decide("global_pools", f"{swapped} made deterministic", "--deterministic on CUDA: "
+                   "adaptive pools have no deterministic backward there; same values")
+    if init_pipeline is not None:
+        _data_init(model, init_pipeline, config)
+    model.to(device, memory_format=torch.channels_last if config.channels_last else
+             torch.contiguous_format)
+    if config.sync_bn:
+        model, why = convert_sync_batchnorm(model, env, device)
+        decide("sync_bn", env.enabled, why)
+    train_model: nn.Module = model
+    if config.compile:
+        train_model = torch.compile(train_model, mode=planned.compile_mode)
+    train_model = wrap_model(train_model, env, device)
+    # After DDP's broadcast of rank 0's weights: a data-dependent init (data_init) differs
+    # across ranks, and every rank's EMA must start from the same weights.
+    return train_model, ModelEMA(model, config.ema_decay) if config.ema else None
+
+
+def _step_engine(model: Classifier, train_model: nn.Module, ema: ModelEMA | None,
+                 config: TrainConfig, planned: Plan, env: DistEnv, *, num_classes: int,
+                 decide) -> StepEngine:
+    groups = optimizer_groups(model, config, num_classes=num_classes, lr=config.lr,
+                              weight_decay=config.weight_decay, decide=decide)
+    schedule = LRSchedule(total=planned.total_steps, warmup=config.warmup_steps,
+                          kind=config.schedule)
+    return make_engine(model, StepSettings.of(planned), groups=groups, schedule=schedule,
+                       train_model=train_model, ema=ema,
+                       mixer=mixer_for(config, num_classes=num_classes, rank=env.rank))
+
+
+def threads_after_pipeline(plan: ThreadPlan, pipeline, device_type: str = "cpu") -> ThreadPlan:
+    """pipeline/workers.after_pipeline for an opened pipeline (its `cpu_workers`)."""
+    return after_pipeline(plan, getattr(pipeline, "cpu_workers", None),
+                          getattr(pipeline, "name", ""), device_type)
+
+
+def default_run_dir(config: TrainConfig) -> str:
+    name = Path(config.data.rstrip("/")).name or "data"
+    return str(Path("runs") / f"{name}-{config.model.replace(':', '-')}-"
+                              f"{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def _prepare_run_dir(config: TrainConfig, env: DistEnv) -> Path:
+    """The run folder, created. Rank 0 alone decides (it creates the folder) and every rank gets
+    its answer, the folder or the one-line refusal, so all use the same folder or fail alike."""
+    outcome: tuple[str, str] = ("error", "")
+    if env.is_main:
+        try:
+            outcome = ("folder", str(_choose_run_dir(config)))
+        except TrainError as exc:
+            outcome = ("error", str(exc))
+    kind, value = broadcast_object(outcome, env)
+    if kind == "error":
+        raise TrainError(value)
+    return Path(value)
+
+
+def _choose_run_dir(config: TrainConfig) -> Path:
+    """Nothing is ever deleted: a new run takes a missing or empty folder (the automatic name
+    gets -2, -3, ... when taken), --resume continues the run in --out."""
+    if not config.out:
+        return _create_numbered(Path(default_run_dir(config)))
+    run_dir = Path(config.out)
+    if config.resume:
+        if not os.path.lexists(ckpt.checkpoint_path(run_dir)):  # load_checkpoint checks it
+            raise TrainError(f"--resume: no checkpoint in {run_dir} to continue from")
+        _refuse_links_out_of(run_dir)
+        return run_dir
+    if run_dir.is_dir():
+        try:
+            names = sorted(os.listdir(run_dir))
+        except OSError as exc:
+            raise TrainError(f"--out {run_dir}: cannot list it ({exc.strerror})") from None
+        if names:
+            raise TrainError(f"--out {run_dir} is not empty (holds {_some_names(run_dir, names)})"
+                             "; pass --resume to continue the run in it, or choose another --out")
+        return run_dir
+    try:
+        run_dir.mkdir(parents=True)
+    except FileExistsError:
+        raise TrainError(f"--out {run_dir} exists and is not a folder; choose another "
+                         "--out") from None
+    except OSError as exc:
+        raise TrainError(f"--out {run_dir}: cannot create it ({exc.strerror})") from None
+    return run_dir
+
+
+def _listing(folder: str | None) -> list[str] | None:
+    """The names in `folder`, or None when it is not a folder we can list (missing: a new run;
+    anything else: _choose_run_dir says what is wrong)."""
+    try:
+        return sorted(os.listdir(folder)) if folder else None
+    except OSError:
+        return None
+
+
+def _create_numbered(base: Path, attempts: int = 1000) -> Path:
+    """base, or base-2, base-3, ...: the first that did not exist. mkdir is atomic, so of two
+    runs started in the same second (the name has a 1 s resolution), each gets its own."""
+    for n in range(1, attempts + 1):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise TrainError(f"cannot create the run folder {path} ({exc.strerror}); choose "
+                             "one with --out") from None
+        return path
+    raise TrainError(f"{base} and {attempts - 1} numbered variants already exist; choose a "
+                     "run folder with --out")
+
+
+def _some_names(folder: Path, names: list[str], shown: int = 3) -> str:
+    listed = [printable(name) + ("/" if (folder / name).is_dir() else "")
+              for name in names[:shown]]
+    return ", ".join(listed + (["..."] if len(names) > shown else []))
+
+
+def _refuse_links_out_of(run_dir: Path) -> None:
+    """--resume writes into a folder it did not necessarily create: a symlink there (say
+    metrics.jsonl -> ~/.bashrc) would make it write outside the folder, so none may lead out."""
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError as exc:
+        raise TrainError(f"--resume: cannot list {run_dir} ({exc.strerror})") from None
+    for name in names:
+        path = run_dir / name
+        if path.is_symlink() and not is_inside(path, run_dir):
+            raise TrainError(f"--resume: {run_dir / printable(name)} is a symlink to "
+                             f"{printable(os.path.realpath(path))}, outside the run folder; "
+                             "refusing to write through it")
+
+
+def _check_same_world_size(state: dict, env: DistEnv, run_dir: Path) -> None:
+    """The shards, the global batch (hence the LR and the schedule) and the position inside
+    the epoch all depend on the number of processes: a run continues only with the same."""
+    saved = state.get("world_size", 1)  # checkpoints from before it was recorded: one process
+    if saved != env.world_size:
+        launch = ("plain `train`" if saved == 1 else
+                  f"torchrun with {saved} processes in all (--nnodes x --nproc-per-node)")
+        raise TrainError(f"--resume: {run_dir} was trained by {saved} process(es) and this "
+                         f"launch has {env.world_size}; continue it with {launch}")
+
+
+def _set_determinism(config: TrainConfig, device: torch.device) -> None:
+    if config.deterministic:
+        # cuBLAS needs a fixed workspace to be deterministic; it reads this at CUDA init.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # Set both ways: the flag is process-wide, and a --deterministic run in this process (a
+    # test, a notebook) must not leave the next run deterministic, with its new tensors filled
+    # with NaN (torch.utils.deterministic.fill_uninitialized_memory).
+    torch.use_deterministic_algorithms(config.deterministic)
+    if device.type == "cuda":
+        # Fixed shapes (drop_last) make cuDNN's one-off autotune pay back from the first epoch.
+        torch.backends.cudnn.benchmark = not config.deterministic
+        torch.set_float32_matmul_precision("high")  # TF32 for fp32 runs on Ampere and later
+
+
+def _data_init(model: Classifier, pipeline, config: TrainConfig) -> None:
+    """Nets that set weights from data (airbench's whitening) see one training batch; the
+    pipeline is then rewound so training still starts at batch 0."""
+    if not hasattr(model.net, "data_init"):
+        return
+    pipeline.set_epoch(0)
+    start = pipeline.state_dict()
+    iterator = iter(pipeline)
+    images, _ = next(iterator)
+    del iterator
+    pipeline.load_state_dict(start)
+    model.data_init(images.to("cpu"))
+
+
+def restore_modules(run: Run, state: dict) -> None:
+    """Model, optimizer, scaler and EMA as they were at the checkpoint; a state that
+    does not fit them is one TrainError line."""
+    try:
+        run.model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise TrainError(f"--resume: the checkpoint does not fit model {run.config.model} "
+                         f"({str(exc).splitlines()[0]})") from None
+    engine = run.engine
+    try:
+        engine.optimizer.load_state_dict(state["optimizer"])
+        _check_optimizer_state(engine.optimizer)
+        # No scheduler state: the LR is a function of the step counter (schedule.lr_at), with
+        # each group's peak in the optimizer state; an older checkpoint's "scheduler" is unread.
+        engine.scaler.load_state_dict(state["scaler"])
+        if run.ema is not None and state.get("ema") is not None:
+            run.ema.load_state_dict(state["ema"])
+    except ckpt.RESTORE_ERRORS as exc:
+        raise ckpt.damaged(ckpt.checkpoint_path(run.run_dir), exc) from None
+
+
+def _check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """load_state_dict takes any tensors; one of another shape would fail at the first step."""
+    for param, values in optimizer.state.items():
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
+                raise ValueError(f"optimizer {name} of shape {tuple(value.shape)} for a "
+                                 f"parameter of shape {tuple(param.shape)}")

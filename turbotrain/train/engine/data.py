@@ -1,0 +1,53 @@
+"""The trainer's view of the data: open the splits and the pipelines, and the facts the plan
+reads from a split (plan/facts.py DatasetFacts)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from turbotrain.pipeline import Pipeline, build_auto, build_pipeline
+
+from ..plan import rules
+from ..plan.facts import largest_side
+
+
+def open_split(path: str, split: str, **cache):
+    """The reader's `open_dataset`; DatasetError propagates (its message is one line).
+    `cache`: cache_dir and cache_limit, for a URL (datasets/remote.py)."""
+    from turbotrain.datasets import open_dataset
+    return open_dataset(path, split=split, **cache)
+
+
+def open_val_split(path: str, **cache):
+    """(the val split, "") or (None, why there is none): then the run does no evaluation.
+
+    Only a split that dataset.json does not list counts as absent; a listed but damaged val
+    split is an error like any other."""
+    from turbotrain.datasets.dataset import read_dataset_json
+    from turbotrain.datasets.remote import is_url, read_remote_dataset_json
+    root = Path(path)
+    if is_url(path):
+        splits = read_remote_dataset_json(path)["splits"]
+    elif root.is_file():
+        return None, f"{root} is a single .beton file (no val split beside it)"
+    else:
+        splits = read_dataset_json(root).get("splits", {})
+    if "val" not in splits:
+        return None, f"{path} has no val split (prepare-dataset --val-fraction carves one)"
+    return open_split(path, "val", **cache), ""
+
+
+def auto_image_size(dataset, device_type: str) -> tuple[int, str]:
+    """`--image-size auto` for an open split (the rule: plan/rules.py image_size)."""
+    decision = rules.image_size(largest_side(dataset), len(dataset), device_type)
+    return decision.value, decision.reason
+
+
+def open_pipeline(name: str, dataset, **options) -> tuple[Pipeline, str, str]:
+    """Builds pipeline `name`, or for `auto` the first that can run here in the pipeline
+    package's fallback order (`turbotrain.pipeline.build_auto`).
+
+    Returns the pipeline, its name and a reason line."""
+    if name != "auto":
+        return build_pipeline(name, dataset, **options), name, "asked for"
+    pipeline, reason = build_auto(dataset, **options)
+    return pipeline, pipeline.name, reason

@@ -1,0 +1,239 @@
+"""Models by name: our small nets (nets.py), torchvision classifiers, and `timm:NAME`.
+
+Every model is wrapped in a `Classifier` whose `InputStem` turns the pipeline's uint8 pixels into
+normalised float on the device (4x fewer bytes cross the bus than float32), with the dataset's
+mean/std as buffers, so a checkpoint carries its own normalisation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..errors import TrainError
+
+# ImageNet's mean/std on the 0..255 scale: the stem's fallback when dataset.json has none.
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    build: Callable[[int], nn.Module]  # num_classes -> net (input: normalised float)
+    sgd_lr: float  # peak SGD learning rate per 256 images of global batch
+    weight_decay: float  # SGD weight decay
+    conv: bool = True  # channels_last helps
+    family: str = "ours"  # ours, torchvision or timm: where --pretrained weights come from
+    # What `build` passes to the constructor beyond num_classes (--model-kwargs, and timm's
+    # img_size), and a line saying how the image size reaches the model (timm), or "".
+    kwargs: dict = field(default_factory=dict)
+    note: str = ""
+
+
+_MODELS: dict[str, ModelSpec] = {}
+
+TIMM_PREFIX = "timm:"
+
+
+def register_model(name: str, *, sgd_lr: float, weight_decay: float, conv: bool = True):
+    def decorator(build):
+        if name in _MODELS:
+            raise ValueError(f"model {name!r} is registered twice")
+        _MODELS[name] = ModelSpec(name, build, sgd_lr, weight_decay, conv)
+        return build
+    return decorator
+
+
+def model_names() -> list[str]:
+    """Our own nets (torchvision's and timm's names come on top; see `model_choices`)."""
+    _register_builtin()
+    return sorted(_MODELS)
+
+
+def torchvision_model_names() -> list[str]:
+    import torchvision
+    return torchvision.models.list_models(module=torchvision.models)
+
+
+def model_choices() -> str:
+    """Every valid `--model` value, for an error message."""
+    return (f"{', '.join(model_names())}; torchvision: {', '.join(torchvision_model_names())}; "
+            f"or {TIMM_PREFIX}NAME with timm installed")
+
+
+def get_model_spec(name: str, *, model_kwargs: dict | None = None,
+                   image_size: int | None = None, where: str = "--model-kwargs") -> ModelSpec:
+    """The spec of model `name`; `model_kwargs` (checked by model_args) go to its constructor,
+    and a timm model that takes `img_size` is built for `image_size`. Arguments the model does
+    not take are one TrainError line starting with `where` (a card says its file)."""
+    _register_builtin()
+    kwargs = dict(model_kwargs or {})
+    if name in _MODELS:
+        return _own_spec(_MODELS[name], kwargs, where)
+    if name.startswith(TIMM_PREFIX):
+        return _timm_spec(name[len(TIMM_PREFIX):], kwargs, image_size, where)
+    if name in torchvision_model_names():
+        return _torchvision_spec(name, kwargs, where)
+    raise TrainError(f"unknown model {name!r}; choose one of: {model_choices()}")
+
+
+def _own_spec(spec: ModelSpec, kwargs: dict, where: str) -> ModelSpec:
+    if not kwargs:
+        return spec
+    takes = [p for p in inspect.signature(spec.build).parameters if p != "num_classes"]
+    unknown = sorted(set(kwargs) - set(takes))
+    if unknown:
+        raise TrainError(f"{where}: {spec.name} takes "
+                         f"{', '.join(takes) if takes else 'no keyword arguments'}, not "
+                         f"{', '.join(unknown)}")
+    build = spec.build
+    _try_on_meta(spec.name, lambda n: build(n, **kwargs), where)
+    return dataclasses.replace(spec, build=lambda n: build(n, **kwargs), kwargs=kwargs)
+
+
+def _try_on_meta(name: str, build: Callable[[int], nn.Module], where: str) -> None:
+    """Builds the net on the meta device (no memory, ~0.1 s for a ViT-B) so that arguments it
+    refuses fail now, in one line, rather than later inside the batch finder, and arguments
+    that would make it larger than this machine's memory are refused before it exists
+    (model_check.py: the one check of every card and --model-kwargs)."""
+    from .model_check import check_fits_memory, net_on_meta
+    net = net_on_meta(name, build, 2, where)
+    check_fits_memory(name, net, where)
+
+
+def _torchvision_spec(name: str, kwargs: dict, where: str) -> ModelSpec:
+    import torchvision
+
+    def build(num_classes: int) -> nn.Module:
+        extra = {}
+        if name.startswith(("resnet", "resnext", "wide_resnet")):
+            # Zero-init the last BN of each residual block: every block starts as the identity,
+            # which lets the large-batch warm-up go faster (Goyal et al. 2017).
+            extra["zero_init_residual"] = True
+        return torchvision.models.get_model(name, weights=None, num_classes=num_classes,
+                                            **{**extra, **kwargs})
+
+    if kwargs:
+        _try_on_meta(name, build, where)
+    transformer = name.startswith(("vit_", "swin_"))
+    # 0.1 per 256 images with SGD is torchvision's and Goyal et al.'s ResNet rate; 1e-4 decay.
+    return ModelSpec(name, build, sgd_lr=0.1, weight_decay=1e-4, conv=not transformer,
+                     family="torchvision", kwargs=kwargs)
+
+
+def _timm_spec(timm_name: str, kwargs: dict, image_size: int | None,
+               where: str) -> ModelSpec:
+    try:
+        import timm
+    except ImportError:
+        raise TrainError(f"model {TIMM_PREFIX}{timm_name} needs timm: pip install timm") from None
+    if timm_name not in timm.list_models():
+        raise TrainError(f"timm has no model {timm_name!r} (see timm.list_models())")
+    name = TIMM_PREFIX + timm_name
+
+    def builder(extra: dict) -> Callable[[int], nn.Module]:
+        return lambda n: timm.create_model(timm_name, pretrained=False, num_classes=n, **extra)
+
+    note = ""
+    if image_size is not None:
+        # Transformers (ViT, DeiT, Swin, ...) size their position embeddings and patch grid
+        # for img_size, 224 by default: a 32 px image would fail the patch embedding's size
+        # check. Conv nets end in a global pool and take no img_size; any size runs.
+        sized = {**kwargs, "img_size": image_size}
+        try:
+            with torch.device("meta"):
+                builder(sized)(2)
+            kwargs, note = sized, f"built with img_size={image_size}, the run's image size"
+        except TypeError as exc:
+            if "img_size" not in str(exc):
+                raise TrainError(f"{where}: {name} refuses them ({exc})") from None
+            note = (f"{name} takes no img_size (a conv net with a global pool: it runs at "
+                    "any size)")
+        except Exception as exc:  # noqa: BLE001 - ValueError, AssertionError, ...: one line
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TrainError(f"{name} cannot be built for {image_size} px images ({reason}); "
+                             "choose another --image-size") from None
+    if kwargs:  # (with img_size: built above; this also bounds its size)
+        _try_on_meta(name, builder(kwargs), where)
+    conv = not timm_name.startswith(("vit", "deit", "swin", "beit", "eva"))
+    return ModelSpec(name, builder(kwargs), sgd_lr=0.1, weight_decay=1e-4, conv=conv,
+                     family="timm", kwargs=kwargs, note=note)
+
+
+def _register_builtin() -> None:
+    from . import nets  # noqa: F401  (registers resnet9, airbench, compact28)
+
+
+class InputStem(nn.Module):
+    """uint8 pixels (0..255) -> (x - mean) / std as float32, as one multiply-add on the device."""
+
+    def __init__(self, mean=None, std=None):
+        super().__init__()
+        mean = torch.tensor(IMAGENET_MEAN if mean is None else mean, dtype=torch.float32)
+        std = torch.tensor(IMAGENET_STD if std is None else std, dtype=torch.float32)
+        self.register_buffer("scale", (1.0 / std).view(1, 3, 1, 1))
+        self.register_buffer("shift", (-mean / std).view(1, 3, 1, 1))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self.shift, images.float(), self.scale)
+
+
+class Classifier(nn.Module):
+    def __init__(self, net: nn.Module, mean=None, std=None):
+        super().__init__()
+        self.stem = InputStem(mean, std)
+        self.net = net
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(self.stem(images))
+
+    @torch.no_grad()
+    def data_init(self, images: torch.Tensor) -> bool:
+        """Lets a net set weights from a first batch (airbench's whitening); True if it did."""
+        if not hasattr(self.net, "data_init"):
+            return False
+        self.net.data_init(self.stem(images))
+        return True
+
+
+class GlobalMaxPool(nn.Module):
+    """AdaptiveMaxPool2d(1) as a max-pool whose kernel is the whole map: the same values and
+    the same gradients (one arg-max per channel), but a deterministic CUDA backward, which
+    adaptive_max_pool2d lacks (it scatters with atomics)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.max_pool2d(x, kernel_size=x.shape[-2:])
+
+
+class GlobalAvgPool(nn.Module):
+    """AdaptiveAvgPool2d(1) as a mean over H and W (its backward is a broadcast)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3), keepdim=True)
+
+
+def deterministic_global_pools(model: nn.Module) -> int:
+    """Swaps every AdaptiveMaxPool2d(1) / AdaptiveAvgPool2d(1) for GlobalMaxPool /
+    GlobalAvgPool in place; returns how many. For `--deterministic` on CUDA, where the adaptive
+    pools' backward raises under torch.use_deterministic_algorithms (our small nets end in a
+    global max-pool, torchvision's ResNets in a global average). The swapped modules hold no
+    weights, so checkpoints are unchanged; other runs keep the adaptive pools, measured faster
+    on the CPU (compact28's pool + backward: 0.5 ms adaptive vs 2.6 ms max_pool2d, bf16)."""
+    swaps = {nn.AdaptiveMaxPool2d: GlobalMaxPool, nn.AdaptiveAvgPool2d: GlobalAvgPool}
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            size = getattr(child, "output_size", None)
+            if type(child) in swaps and size in (1, (1, 1)):
+                setattr(parent, name, swaps[type(child)]())
+                count += 1
+    return count
+
+
+def build_model(spec: ModelSpec, num_classes: int, mean=None, std=None) -> Classifier:
+    return Classifier(spec.build(num_classes), mean, std)
