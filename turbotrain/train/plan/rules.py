@@ -299,7 +299,7 @@ def check_batch_fits_split(batch: int, accum: int, world_size: int, count: int) 
 def worker_mode() -> Decision:
     # bench/bench_pipelines.py on the 2-core dev box (2026-12-02): the kernel's threads 1,872
     # images/s, DataLoader worker processes 1,369 (and 941 vs 703 per CPU-second); beside a
-    # Python-busy thread (bench_kernel.py, 2 threads) 1,141 vs 761.
+    # Python-busy thread (bench_kernel.py, 2 threads, 2026-12-02 06:08) 887 vs 703.
     return Decision("threads", "measured 1.4x faster than worker processes (decode threads "
                     "release the GIL for the whole batch)")
 
