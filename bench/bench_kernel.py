@@ -353,13 +353,15 @@ def main(argv: list[str] | None = None) -> int:
 def best_use(runs: list[tuple[str, dict]]) -> dict:
     """Per side, the best predict rate and the best resident load over alternated children: a
     single child's predict rate swung from 752 to 1,322 images/s with the same code."""
-    best: dict = {}
+    sides: dict[str, list[dict]] = {}
     for side, result in runs:
-        mine = best.setdefault(side, {"runs": []})
-        mine["runs"].append(result)
-        for key, pick in (("predict_images_per_second", max), ("resident_load_s", min)):
-            if key in result:
-                mine[key] = pick(mine.get(key, result[key]), result[key])
+        sides.setdefault(side, []).append(result)
+    best = {side: {"runs": results} for side, results in sides.items()}
+    for side, results in sides.items():
+        for key, lowest in (("predict_images_per_second", False), ("resident_load_s", True)):
+            value = common.best(results, key, lowest=lowest)
+            if value is not None:
+                best[side][key] = value
     return best
 
 

@@ -37,7 +37,7 @@ def batch(n=32, seed=0):
 def update(engine: StepEngine, images, labels) -> torch.Tensor:
     """One optimizer step over `images` in K micro-batches; the flat weight change."""
     before = torch.cat([p.detach().flatten().clone() for p in engine.model.parameters()])
-    k = engine.accum_steps
+    k = engine.settings.accum_steps
     for i, (x, y) in enumerate(zip(images.chunk(k), labels.chunk(k))):
         engine.micro_step(x, y, will_step=i == k - 1)
     engine.optimizer_step(0)

@@ -79,32 +79,27 @@ class StepEngine:
         self.schedule = schedule
         self.scaler = scaler
         self.settings = settings
-        self.device = settings.device
-        self.precision = settings.precision
-        self.accum_steps = settings.accum_steps
-        self.memory_format = settings.memory_format
         self.criterion = nn.CrossEntropyLoss(label_smoothing=settings.label_smoothing)
         self.ema = ema
         self.ema_source = ema_source  # the plain module the EMA follows
         self.mixer = mixer
-        self.clip_grad = settings.clip_grad
         self.grad_norm: torch.Tensor | None = None  # the last step's, before clipping
 
     def micro_step(self, images: torch.Tensor, labels: torch.Tensor, will_step: bool,
                    position: tuple[int, int] | None = None) -> torch.Tensor:
         """Forward + backward of one micro-batch; returns its (unscaled) loss / K, detached.
         `position`: (epoch, index of the micro-batch in it), which a mixer needs."""
-        criterion, targets = self.criterion, labels
+        s, criterion, targets = self.settings, self.criterion, labels
         if self.mixer is not None:
             if position is None:
                 raise ValueError("a StepEngine with a mixer needs each micro-batch's position")
             images, targets = self.mixer(images, labels, epoch=position[0], micro=position[1])
             criterion = soft_target_cross_entropy
-        images = images.contiguous(memory_format=self.memory_format)  # no-op when it already is
+        images = images.contiguous(memory_format=s.memory_format)  # no-op when it already is
         with sync_context(self.model, will_step):
-            with autocast_context(self.device, self.precision):
+            with autocast_context(s.device, s.precision):
                 logits = self.model(images)
-                loss = criterion(logits, targets) / self.accum_steps
+                loss = criterion(logits, targets) / s.accum_steps
             self.scaler.scale(loss).backward()
         return loss.detach()
 
@@ -113,11 +108,12 @@ class StepEngine:
         this one: a resumed run passes its counter, and the schedule needs nothing else)."""
         if self.schedule is not None:
             self.schedule.apply(self.optimizer, step)
-        if self.clip_grad > 0:
+        clip = self.settings.clip_grad
+        if clip > 0:
             self.scaler.unscale_(self.optimizer)  # a no-op unless fp16; step() then won't redo it
             params = [p for group in self.optimizer.param_groups for p in group["params"]]
             # No host sync: the norm and the clip factor stay tensors on the device.
-            self.grad_norm = nn.utils.clip_grad_norm_(params, self.clip_grad, foreach=True)
+            self.grad_norm = nn.utils.clip_grad_norm_(params, clip, foreach=True)
         self.scaler.step(self.optimizer)  # skips the step when fp16 gradients hold inf/nan
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)

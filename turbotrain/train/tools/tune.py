@@ -235,11 +235,8 @@ class Sweep:
         smoothing and clipping, one micro-batch per step. The LR is tiny and constant: only the
         speed is measured, on one model for every row."""
         from ..step.loop import StepSettings
-        c = self.plan.config
-        return StepSettings(device=self.device, precision=self.precision,
-                            channels_last=self.channels_last, optimizer=self.args.optimizer,
-                            lr=1e-4, weight_decay=c.weight_decay or 0.0, momentum=c.momentum,
-                            label_smoothing=c.label_smoothing, clip_grad=c.clip_grad)
+        return StepSettings.of(self.plan).replace(
+            lr=1e-4, accum_steps=1, weight_decay=self.plan.config.weight_decay or 0.0)
 
     def engine(self):
         """train's step for this plan (loop.make_engine, as builder.py makes it)."""
