@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         common.print_result(child(*args.child, args.repeats))
         return 0
 
-    from turbotrain.train.tools.info import pillow_build
+    from turbotrain.train.tools.info_facts import pillow_build
     import PIL
     command = common.command_line(__file__, argv)
     if not pillow_build(PIL.__version__).startswith("pillow-simd"):

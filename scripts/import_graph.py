@@ -14,7 +14,9 @@ What it prints:
 * module-level imports that go back up the layer order (`--layers`, top first: a module may
   import what is below its own layer, and its own layer), then the same for function-level ones;
 * import cycles: among module-level imports, and again counting function-level ones too;
-* function-level imports: of our own modules, and in all;
+* function-level imports: of our own modules, and in all; each of ours must say why it is not
+  at module level in a comment that starts with `lazy:`, on its line or on the comment line
+  right above it (or above the run of imports it opens); those that do not are listed;
 * the ten longest functions (methods and nested functions included), by lines.
 
 An edge goes to the module an import names: `from a.b import c` is an edge to `a.b.c` when that
@@ -25,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
 import json
 import sys
+import tokenize
 from pathlib import Path
 
 # The layer order, top first. A group is "prefix, prefix"; a module belongs to the group of the
@@ -84,6 +88,31 @@ def import_nodes(tree: ast.Module):
 
     visit(tree, False)
     return out
+
+
+def comments(text: str) -> dict[int, str]:
+    """line -> the comment on it (tokenize, so a '#' inside a string is not one)."""
+    found = {}
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            found[tok.start[0]] = tok.string
+    return found
+
+
+def lazy_reason(node, lines: list[str], notes: dict[int, str]) -> str | None:
+    """The `# lazy: why` of a function-level import: on its own line, or on the comment line
+    above it or above the run of import lines it belongs to (blank lines included)."""
+    if "lazy:" in notes.get(node.lineno, ""):
+        return notes[node.lineno].split("lazy:", 1)[1].strip()
+    line = node.lineno - 1
+    while line >= 1 and (lines[line - 1].lstrip().startswith(("from ", "import "))
+                         or not lines[line - 1].strip()):  # isort's blank between sections
+        if "lazy:" in notes.get(line, ""):
+            return notes[line].split("lazy:", 1)[1].strip()
+        line -= 1
+    if line >= 1 and lines[line - 1].lstrip().startswith("#") and "lazy:" in notes.get(line, ""):
+        return notes[line].split("lazy:", 1)[1].strip()
+    return None
 
 
 def targets(node, module: str, is_package: bool, ours: set[str]) -> list[str]:
@@ -260,17 +289,22 @@ def analyse(root: Path, layer_spec: str) -> dict:
     root = root.resolve()
     files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
     modules = {module_name(p, root): p for p in files}
-    ours = set(modules)
+    # A compiled extension (pipeline/_native*.so) is one of ours too: an import of it is an
+    # edge to it, not to the package it sits in.
+    ours = set(modules) | {module_name(p.with_name(p.name.split(".")[0] + ".py"), root)
+                           for p in root.rglob("*") if p.suffix in (".so", ".pyd")}
     layers = parse_layers(layer_spec)
     module_edges: dict[str, set[str]] = {m: set() for m in ours}
     all_edges: dict[str, set[str]] = {m: set() for m in ours}
     function_imports = function_imports_ours = 0
+    unexplained = []
     back_up = {"module": [], "function": []}
     functions = []
     folders: dict[str, list[int]] = {}
     for name, path in sorted(modules.items()):
         text = path.read_text(encoding="utf-8")
         tree = ast.parse(text, filename=str(path))
+        lines, notes = text.splitlines(), comments(text)
         folder = str(path.parent.relative_to(root.parent))
         folders.setdefault(folder, [0, 0])
         folders[folder][0] += 1
@@ -281,6 +315,8 @@ def analyse(root: Path, layer_spec: str) -> dict:
             if in_function:
                 function_imports += 1
                 function_imports_ours += bool(found)
+                if found and not lazy_reason(node, lines, notes):
+                    unexplained.append(f"{name}:{node.lineno}")
             for target in sorted(found):
                 if target == name:
                     continue
@@ -315,7 +351,8 @@ def analyse(root: Path, layer_spec: str) -> dict:
                             for k, v in back_up.items()},
         "cycles_module_level": cycles(ours, module_edges),
         "cycles_with_function_level": cycles(ours, all_edges),
-        "function_level_imports": {"ours": function_imports_ours, "all": function_imports},
+        "function_level_imports": {"ours": function_imports_ours, "all": function_imports,
+                                   "unexplained": unexplained},
         "longest_functions": [{"lines": n, "function": f} for n, f in functions[:10]],
     }
 
@@ -343,6 +380,9 @@ def print_report(r: dict) -> None:
             print(f"  {len(c['modules'])} modules, e.g. " + " -> ".join(c["example"]))
     f = r["function_level_imports"]
     print(f"function-level imports: {f['ours']} of our modules, {f['all']} in all")
+    print(f"  of ours without a `# lazy:` reason: {len(f['unexplained'])}")
+    for item in f["unexplained"]:
+        print(f"    {item}")
     print("longest functions:")
     for item in r["longest_functions"]:
         print(f"  {item['lines']:>4} lines  {item['function']}")

@@ -1,7 +1,9 @@
 """Suite-wide: tests marked `cuda` need a GPU. Without one they are skipped with the reason (CI
 has none); `bench/gpu_check.py --all` (`make gpu-check`) runs them with `pytest -m cuda`.
-Tests marked `slow` run first: under `make test`'s 2 workers a 5-minute test collected last
-(Fashion-MNIST's 2 epochs) ran alone at the end and made the suite 5 minutes longer."""
+Modules holding a test marked `slow` run first: under `make test`'s 2 workers a 5-minute test
+collected last (Fashion-MNIST's 2 epochs) ran alone at the end and made the suite 5 minutes
+longer. A module's tests stay together, so that its module-scoped fixture is set up once (sorting
+slow tests alone first split test_ddp and ran its 46 s two-rank fixture twice)."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +13,9 @@ NO_GPU = ("needs a CUDA GPU (torch.cuda.is_available() is False); on a GPU machi
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow first
+    slow_files = {item.nodeid.split("::")[0] for item in items
+                  if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)  # stable
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return

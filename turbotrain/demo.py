@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from .cli import main as turbotrain_main
+
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="demo-data",
@@ -40,7 +42,7 @@ def _parse_size(text: str) -> tuple[int, int]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from .cli import main as turbotrain_main
+    # lazy: PIL (+110 ms) loads when the demo runs, not for `demo --help`
     from .datasets.synthetic import write_shapes_imagefolder
 
     out = Path(args.out)

@@ -45,6 +45,7 @@ except ImportError as exc:  # one line saying what to install
                       "'turbotrain[lightning]' (or pip install lightning)") from exc
 
 from turbotrain.train.config.config import AUTO
+from turbotrain.train.engine import loader as loader_module
 from turbotrain.train.engine.loader import Loader, LoaderError
 
 __all__ = ["EpochLoader", "TurbotrainDataModule"]
@@ -203,7 +204,6 @@ class TurbotrainDataModule(pl.LightningDataModule):
 def _check_loader_arguments(data, split, batch_size, device, options: dict) -> None:
     """Loader's own argument check (one LoaderError line naming the argument)."""
     import inspect
-    from turbotrain.train.engine import loader as loader_module
     bound = inspect.signature(Loader).bind(data, split, batch_size=batch_size, device=device,
                                            **options)
     bound.apply_defaults()

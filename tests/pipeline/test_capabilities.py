@@ -106,7 +106,7 @@ def test_the_plan_and_machine_take_the_toys(toys):
 
 
 def test_info_lists_the_toys_and_the_package_version(toys):
-    from turbotrain.train.tools import info
+    from turbotrain.train.tools import info_facts as info
     planned = plan(TrainConfig(data="DATA"), IMAGENET, Machine(cores=2, ram_bytes=6 * GiB))
     listed = info.pipelines(planned, IMAGENET)
     assert listed[TOY] == "usable"

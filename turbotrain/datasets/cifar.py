@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from turbotrain.datasets.array_sources import check_labels
 from turbotrain.datasets.format import MAX_CLASSES
 from turbotrain.datasets.source_types import ArraySplit, Source, SourceError
 from turbotrain.datasets.untrusted import (InflateBudget, Limits, UnsafeInput, open_regular,
@@ -195,7 +196,6 @@ def _names(meta: dict, key: bytes, where: Path) -> list[str]:
 def _cifar_batch(batch: dict, label_key: bytes, num_classes: int,
                  where: str) -> tuple[np.ndarray, np.ndarray]:
     """Rows of 3072 bytes (1024 R, then G, then B, each 32x32 row-major) -> (N, 32, 32, 3)."""
-    from turbotrain.datasets.array_sources import check_labels
     if b"data" not in batch or label_key not in batch:
         raise SourceError(f"{where} has no {label_key.decode()!r}/'data'; keys: "
                           f"{sorted(repr(k) for k in batch)[:8]}")

@@ -290,6 +290,7 @@ class PreparedSplit:
     def image(self, i: int) -> np.ndarray:
         """Sample i decoded to an HWC uint8 RGB array (a JPEG whose header disagrees with the
         metadata is refused before it is decoded)."""
+        # lazy: cv2 and PIL (~0.2 s) load at the first decode, not for `inspect`
         from .images import ImageError, decode_stored
         i = int(i)
         beton, j = self.locate(i)
@@ -338,9 +339,9 @@ def open_dataset(path: str | os.PathLike, split: str = "train", *, cache_dir=Non
                  cache_limit=None) -> PreparedSplit:
     """Opens split `split` of the prepared dataset at `path` (a folder), or a bare `.beton`,
     or a URL (s3://, gs://, az://, https://: remote.py, through a shard cache in cache_dir)."""
-    from .object_store import is_url
+    from .object_store import is_url  # lazy: URL support (+50 ms) stays out of `--help`
     if is_url(path):
-        from .remote import open_remote_dataset
+        from .remote import open_remote_dataset  # lazy: as is_url
         return open_remote_dataset(path, split, cache_dir, cache_limit)
     root = Path(path)
     if not root.exists():

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .source_types import SplitSource
+from .source_types import SourceError, SplitSource
 from .untrusted import UnsafeInput, open_regular
 
 OPEN_PER_PROCESS = 8  # files a worker keeps mapped / row groups decoded: one or two are in use
@@ -36,7 +36,6 @@ HF_INSTALL_HINT = "pip install turbotrain[hf]"
 
 def pyarrow_modules(where):
     """(pyarrow, pyarrow.ipc, pyarrow.parquet), or SourceError saying how to install them."""
-    from .source_types import SourceError
     try:
         import pyarrow
         import pyarrow.ipc

@@ -13,21 +13,23 @@ import contextlib
 import ctypes
 import json
 import multiprocessing
-from collections import deque
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 import os
 import shutil
 import signal
 import sys
 import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
 from turbotrain.held_setting import ONE_CV2_THREAD
 
+from ..host import available_ram
 from . import format as fmt
 from .dataset import DATASET_JSON, file_sha256, split_filename
+from .images import ImageError, encode_sample
 from .output_folder import (OutputFolderError, check_output, install, partial_dir,
                             remove_stale_partials)
 from .parts import (check_part_output, install_part, part_manifest, part_partial_dir,
@@ -35,7 +37,9 @@ from .parts import (check_part_output, install_part, part_manifest, part_partial
 from .safe_create import make_fresh_dir, write_file
 from .shard_plan import ShardPlanError, SplitPlan, plan_split
 from .shard_results import ShardResult, dataset_info, encoding_facts, skipped_lines
+from .sources import Columns, SourceError, detect_source, shuffled_train, with_val_split
 from .untrusted import Limits, UnsafeInput
+from .worker_memory import memory_bound_workers
 from .writer import BetonWriter, SampleTooLarge
 
 # Samples per task sent to a worker: large enough that the pipe costs nothing (~1 % at 16 x
@@ -103,7 +107,6 @@ def _encode_range(task: tuple[tuple[int, int], list | None]) -> list:
     """Encodes samples [start, stop) of the worker's split: per sample either
     ("ok", EncodedSample) or ("error", name, reason). The task carries the samples' bytes
     when the split is read in order by the parent (SplitSource.in_order_only), else None."""
-    from .images import ImageError, encode_sample
     (start, stop), payloads = task
     out = []
     for i in range(start, stop):
@@ -136,7 +139,6 @@ def _tasks(split_source, chunks: list[tuple[int, int]]):
     if not split_source.in_order_only:
         yield from ((bounds, None) for bounds in chunks)
         return
-    from .source_types import SourceError
     feed = split_source.read_in_order(chunks)
     for bounds in chunks:
         try:
@@ -232,7 +234,6 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
                     options: PrepareOptions = PrepareOptions()) -> dict:
     """Converts SOURCE into a prepared dataset at OUT; returns the dataset.json content (with
     --part: the part manifest's content, and OUT gets no dataset.json until `merge`)."""
-    from .sources import Columns, SourceError, detect_source, shuffled_train, with_val_split
 
     out = Path(out).absolute()
     _check_options(options)
@@ -253,8 +254,6 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
                  for split, s in source.splits.items()}
     except (SourceError, OutputFolderError, ShardPlanError) as e:
         raise PrepareError(str(e)) from e
-    from ..host import available_ram
-    from .worker_memory import memory_bound_workers
     workers, workers_note = memory_bound_workers(
         options.workers or len(os.sched_getaffinity(0)), source, available_ram())
     started = time.perf_counter()

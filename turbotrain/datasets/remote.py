@@ -31,6 +31,7 @@ from turbotrain.sizes import SizeError, parse_size
 
 from . import format as fmt
 from . import shard_cache
+from .dataset import PreparedSplit
 from .object_store import Store, is_url, join, shown_url
 from .reader import BetonFile, DatasetError
 from .safe_create import create_new
@@ -306,7 +307,6 @@ os.register_at_fork(after_in_child=lambda: [r._init_process_state() for r in lis
 def open_remote_dataset(url: str, split: str = "train", cache_dir=None, cache_limit=None):
     """Split `split` of the prepared dataset at `url` (s3://, gs://, az://, https://), its
     shards read through a ShardCache in cache_dir of at most cache_limit bytes."""
-    from .dataset import PreparedSplit
     folder, limit = cache_settings(cache_dir, cache_limit)
     info = read_remote_dataset_json(url)
     if split not in info["splits"]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import __version__
+from ..printable import printable
 from . import format as fmt
 from .schema import DATASET_FORMAT_VERSION, SHARDED_FORMAT_VERSION
 
@@ -142,6 +143,5 @@ def _split_entry(shards: list[ShardResult], sharded: bool) -> dict:
 def skipped_lines(results: list[ShardResult]) -> str:
     """skipped.txt: one line per file, tab-separated. A name's own tabs, newlines and terminal
     escapes are written as escapes, so no name can forge a row or drive a terminal."""
-    from ..printable import printable
     return "".join(f"{printable(name)}\t{printable(reason)}\n"
                    for r in results for name, reason in r.skipped)

@@ -21,6 +21,7 @@ import numpy as np
 from . import format as fmt
 from .safe_create import write_file
 from .shards import shard_filename
+from .writer import BetonWriter
 
 CLASSES = ("circle", "square", "triangle", "star", "ring",
            "cross", "ellipse", "hexagon", "diamond", "stripes")
@@ -28,6 +29,7 @@ CLASSES = ("circle", "square", "triangle", "star", "ring",
 
 def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     import cv2
+
     # Muted lighting (a grey level plus a mild colour cast), mid-frequency texture and per-pixel
     # noise: busy enough to cost what a photo costs to encode, calm enough that the shape is the
     # signal (saturated backgrounds made ResNet-18 need ~10x more steps to start learning).
@@ -151,7 +153,6 @@ def write_random_raw_dataset(out: str | Path, *, shards: int = 4, per_shard: int
     """Writes a prepared folder `out` (which must not exist): train in `shards` shards of
     `per_shard` samples (contract 1), val unsharded, labels cycling through 5 classes. With
     the default 2 MiB pages a shard of 40 samples is ~4 MiB (a metadata page, a data page)."""
-    from .writer import BetonWriter
     out = Path(out)
     rng = np.random.default_rng(seed)
     n = shards * per_shard

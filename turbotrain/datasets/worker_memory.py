@@ -16,7 +16,9 @@ import heapq
 import os
 
 from .format import MAX_PIXELS
+from .images import declared_size
 from .source_types import ArraySplit, FileSplit, Source
+from .untrusted import UnsafeInput, open_regular
 
 BYTES_PER_PIXEL = 34        # any format but JPEG: PNG RGBA, the worst measured
 JPEG_BYTES_PER_PIXEL = 9    # progressive JPEG's 6 plus the decoded RGB
@@ -59,7 +61,6 @@ def _largest_files(split: FileSplit) -> list[str]:
 
 
 def _file_need(path: str) -> tuple[int, str]:
-    from .untrusted import UnsafeInput, open_regular
     try:
         with open_regular(path) as f:
             head = f.read(HEADER_BYTES)
@@ -69,7 +70,6 @@ def _file_need(path: str) -> tuple[int, str]:
 
 
 def _head_need(path: str, head: bytes) -> tuple[int, str]:
-    from .images import declared_size
     declared = declared_size(head)
     if declared is None:
         return 0, ""

@@ -21,6 +21,7 @@ from typing import Iterator
 import torch
 
 from . import augment
+from .order import ORDERS
 
 
 class PipelineError(RuntimeError):
@@ -61,7 +62,6 @@ class PipelineOptions:
     order_window: int = 4
 
     def __post_init__(self):
-        from .order import ORDERS
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)} (got {self.order!r})")
         if self.order_window < 1:

@@ -25,6 +25,7 @@ from turbotrain.held_setting import ONE_CV2_THREAD
 
 from . import kernel
 from .base import PipelineError
+from .python_decode import resize_into
 
 
 class ShiftedCrops:
@@ -126,7 +127,6 @@ class ResizedCrops:
         return out.permute(0, 2, 3, 1).contiguous()                # NHWC bytes
 
     def _cpu(self, indices: np.ndarray, boxes: np.ndarray) -> torch.Tensor:
-        from .python_decode import resize_into
         cv2, s = self._cv2, self.size
         out = torch.empty((len(indices), s, s, 3), dtype=torch.uint8)
         out_np = out.numpy()

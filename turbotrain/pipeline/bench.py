@@ -25,13 +25,18 @@ import time
 
 import numpy as np
 
+from turbotrain.datasets import DatasetError, open_dataset
 from turbotrain.datasets.format import MODE_JPEG
+
+from .base import PipelineError
+from .cpu_decode import DECODE_OPTIONS
+from .registry import build_pipeline, pipeline_names
+from .workers import choose_workers
 
 BARE_DECODE = "bare_decode"
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    from .registry import pipeline_names
     names = pipeline_names()
     parser.add_argument("--data", required=True, help="prepared dataset folder (or a .beton)")
     parser.add_argument("--split", default="train", help="split to read (default: train)")
@@ -87,7 +92,6 @@ def bare_decode_rate(dataset, *, samples: int, threads: int, rounds: int = 2) ->
     on `threads` threads, each with its own preallocated output; best of `rounds` (the first
     also warms the page cache)."""
     import simplejpeg
-    from .cpu_decode import DECODE_OPTIONS
     count = min(samples, len(dataset))
     heights = np.asarray(dataset.heights[:count], dtype=np.int64)
     widths = np.asarray(dataset.widths[:count], dtype=np.int64)
@@ -129,9 +133,6 @@ def measure(dataset, names: list[str], *, image_size: int, batch_size: int, batc
     """{name: {"images_per_second": float | None[, "error": str]}} for each pipeline, then
     BARE_DECODE."""
     import torch
-    from .base import PipelineError
-    from .registry import build_pipeline
-    from .workers import choose_workers
     threads, _ = choose_workers(workers, "cpu")
     results: dict[str, dict] = {}
     for name in names:
@@ -170,8 +171,6 @@ def format_table(results: dict) -> str:
 
 def run_bench(args: argparse.Namespace) -> int:
     import torch
-    from turbotrain.datasets import DatasetError, open_dataset
-    from .registry import pipeline_names
     logging.basicConfig(level=logging.WARNING)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     workers = args.workers

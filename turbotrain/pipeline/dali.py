@@ -31,6 +31,7 @@ from collections import deque
 import numpy as np
 import torch
 
+from turbotrain.datasets import DatasetError
 from turbotrain.datasets.format import MODE_JPEG, MODE_RAW
 
 from . import augment, kernel
@@ -184,6 +185,7 @@ class DaliPipeline(OrderedPipeline):
             if bad is not None:
                 self._refuse(int(indices[bad[0]]), (bad[1], bad[2]))
             return
+        # lazy: cv2 and PIL (~0.2 s) load for a JPEG dataset only
         from turbotrain.datasets.images import ImageError, stored_jpeg_size
         for i, j, view in zip(indices.tolist(), is_jpeg.tolist(), views):
             if not j:
@@ -281,7 +283,6 @@ class DaliPipeline(OrderedPipeline):
 
     def _failure(self, error: RuntimeError) -> PipelineError:
         """One line naming the failing sample when a stored sample is to blame."""
-        from turbotrain.datasets import DatasetError
         reason = _dali_reason(error)
         for indices in self._feed.in_flight:
             for i in indices.tolist():

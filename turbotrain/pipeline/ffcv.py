@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from . import augment
+from .auto import sharded_reason
 from .base import PipelineError, PipelineOptions, PipelineUnavailable
 from .cpu_decode import SampleDecodeError
 from .ffcv_decoder import STATUS, box_rows, shared_box_decoder_class
@@ -261,7 +262,6 @@ class FfcvPipeline(OrderedPipeline):
                  batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S):
         num_shards = getattr(dataset, "num_shards", 1)
         if num_shards > 1:  # FFCV's Loader maps one file; it cannot read a list of shards
-            from .auto import sharded_reason
             raise PipelineUnavailable(
                 f"pipeline 'ffcv': {sharded_reason(CAPABILITIES, num_shards)}")
         super().__init__(dataset, options)

@@ -29,6 +29,7 @@ def _load():
     if os.environ.get(DISABLE_VARIABLE, "1") == "0":
         return None, None, f"Python decode path ({DISABLE_VARIABLE}=0)"
     try:
+        # lazy: the C extension is optional (unbuilt, or TURBOTRAIN_NATIVE=0)
         from . import _native
     except ImportError as e:
         return None, None, (f"Python decode path: the compiled kernel is missing ({e}); "

@@ -25,8 +25,10 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .base import PipelineError, PipelineOptions
+from turbotrain.datasets.shards import LocalShard
+
 from . import kernel
+from .base import PipelineError, PipelineOptions
 from .cpu_decode import ONE_CV2_THREAD, BatchDecoder, DecodeAhead
 from .ordered import OrderedPipeline
 from .registry import Capabilities, register_pipeline
@@ -160,7 +162,6 @@ def _start_method(dataset) -> str | None:
     the cache's prefetch threads and its file locks do not survive fork (a forked worker hung
     for good in our suite while the parent prefetched), so those workers start fresh and open
     the split they are sent (PreparedSplit pickles without maps or hooks)."""
-    from turbotrain.datasets.shards import LocalShard
     shards = getattr(dataset, "shards", ())
     return "spawn" if any(not isinstance(s, LocalShard) for s in shards) else None
 

@@ -13,6 +13,7 @@ from .errors import Interrupted, TrainError, TrainingDiverged
 
 
 def train(config: TrainConfig) -> dict:
+    # lazy: `import turbotrain.train` needs no torch (~1.5 s)
     from .engine.trainer import train as _train
     return _train(config)
 

@@ -12,18 +12,21 @@ from __future__ import annotations
 import argparse
 import sys
 
+from turbotrain.datasets import DatasetError
+from turbotrain.pipeline import PipelineError, pipeline_names
+
 from .config.config_files import config_from_namespace
 from .config.config_flags import add_config_arguments
 from .errors import DistributedFailure, Interrupted, TrainError, TrainingDiverged
+from .models.models import model_names
+from .step.host_memory import keep_freed_memory
 
 PROG = "train"
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds one flag per TrainConfig field, grouped, to `parser`."""
-    from turbotrain.pipeline import pipeline_names
 
-    from .models.models import model_names
     model_help = (f"ours: {', '.join(model_names())}; any torchvision classifier "
                   "(resnet18, resnet50, ...); timm:NAME when timm is installed")
     parser.description = parser.description or "Train a classifier on a prepared dataset."
@@ -31,8 +34,6 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from turbotrain.datasets import DatasetError
-    from turbotrain.pipeline import PipelineError
     return TrainError, DatasetError, PipelineError
 
 
@@ -44,10 +45,10 @@ def run_train(args: argparse.Namespace) -> int:
     # faster CPU steps), set before the pipelines and the model allocate anything (pipeline
     # worker processes fork later and inherit it). train() called from a program leaves its
     # caller's allocator alone; the run's printed `host_memory` decision says which happened.
-    from .step.host_memory import keep_freed_memory
     keep_freed_memory()
     try:
         config = config_from_namespace(args)
+        # lazy: `train --help` does not load the trainer (+80 ms)
         from .engine.trainer import train
         train(config)
     except user_errors as exc:

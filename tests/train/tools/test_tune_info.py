@@ -9,7 +9,7 @@ import PIL
 import pytest
 
 from turbotrain.train.engine import batch_finder as bf
-from turbotrain.train.tools.info import pillow_build
+from turbotrain.train.tools.info_facts import pillow_build
 from turbotrain.train.tools.tune import worker_counts
 
 

@@ -16,7 +16,10 @@ import types
 import typing
 from dataclasses import dataclass, field
 
+from turbotrain.sizes import SizeError, parse_size
+
 from ..errors import TrainError
+from .model_args import parse_model_kwargs
 
 AUTO = "auto"
 
@@ -209,7 +212,6 @@ class TrainConfig:
             raise TrainError(f"--lr must be positive, not {self.lr}")
         self._validate_weights_settings()
         if self.cache_limit is not None:
-            from turbotrain.sizes import SizeError, parse_size
             try:
                 parse_size(self.cache_limit, "--cache-limit")
             except SizeError as exc:
@@ -232,7 +234,6 @@ class TrainConfig:
     def _validate_weights_settings(self) -> None:
         """--pretrained, --init-from, --freeze-backbone, --layer-decay, --model-kwargs,
         --resume."""
-        from .model_args import parse_model_kwargs
         if not (math.isfinite(self.layer_decay) and 0.0 < self.layer_decay <= 1.0):
             raise TrainError(f"--layer-decay must be in (0, 1] (1: off), not {self.layer_decay}")
         if self.pretrained and self.init_from is not None:

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import yaml
 
+from turbotrain.datasets.safe_create import write_file
+from turbotrain.datasets.untrusted import UnsafeInput, read_regular
+
 from ..errors import TrainError
 from .config import AUTO, FIELDS, PAIRS, TrainConfig
 from .config_flags import parse_value
@@ -31,7 +34,6 @@ def read_yaml(path: Path):
     that build objects). Whatever the file does wrong is one TrainError line naming it: a
     5,000-digit integer (ValueError from int()), nesting 200,000 deep (RecursionError in
     PyYAML's composer), or a structure too large for memory."""
-    from turbotrain.datasets.untrusted import UnsafeInput, read_regular
     try:
         data = read_regular(path, MAX_CONFIG_BYTES)
     except UnsafeInput as exc:
@@ -75,7 +77,6 @@ def load_yaml(path: str | os.PathLike) -> dict:
 def save_yaml(config: TrainConfig, path: str | os.PathLike) -> None:
     """Writes the run's settings as YAML readable by `--config`; auto values must be resolved.
     Written beside and renamed over `path`: a symlink there is replaced, not written through."""
-    from turbotrain.datasets.safe_create import write_file
     data = {name.replace("_", "-"): value for name, value in config.to_saved_dict().items()}
     write_file(path, yaml.safe_dump(data, sort_keys=False))
 

@@ -21,6 +21,10 @@ from typing import Callable
 import torch
 from torch import nn
 
+from turbotrain.pipeline.resident import memory_budget
+
+from ..step.device import autocast_context, make_grad_scaler
+from ..step.distributed import min_over_ranks
 from ..step.loop import StepSettings, make_engine
 
 MAX_BATCH = 4096  # the search's ceiling (tune); `train` searches up to its preferred batch
@@ -121,7 +125,6 @@ class TrialSteps:
     def _recover(self) -> None:
         """After an out-of-memory error mid-step: no gradients left over, and a fresh
         GradScaler (one stopped between its unscale_ and update would refuse the next step)."""
-        from ..step.device import make_grad_scaler
         self.engine.optimizer.zero_grad(set_to_none=True)
         self.engine.scaler = make_grad_scaler(self.device, self.precision)
         self.engine.grad_norm = None
@@ -135,7 +138,6 @@ class TrialSteps:
 def estimate_cpu_bytes(build: Callable[[], nn.Module], settings: StepSettings, *,
                        image_size: int) -> tuple[float, float]:
     """(fixed bytes, bytes per image) of one CPU training step (see the module docstring)."""
-    from ..step.device import autocast_context
     precision, channels_last = settings.precision, settings.channels_last
     model = build().to(memory_format=settings.memory_format)
     saved: dict[int, int] = {}
@@ -183,7 +185,6 @@ def find_batch_size(build: Callable[[], nn.Module], settings: StepSettings, *,
         torch.random.set_rng_state(state)
     agreed = fit.batch_size
     if env is not None:
-        from ..step.distributed import min_over_ranks
         agreed = int(min_over_ranks(fit.batch_size, env, device))
     if agreed != fit.batch_size:
         fit = BatchFit(agreed, fit.limit, fit.how + f"; {agreed} on the tightest rank")
@@ -243,7 +244,6 @@ def _estimate_cpu(build, settings: StepSettings, *, image_size, limit, reserve_b
     if budget_bytes is None:
         # Half the available RAM, like the resident store's budget: the box may be shared,
         # and the page cache and the loader need room too.
-        from turbotrain.pipeline.resident import memory_budget
         budget_bytes = memory_budget(torch.device("cpu"))[0] - reserve_bytes
     fixed, per_image = estimate_cpu_bytes(build, settings, image_size=image_size)
     room = budget_bytes - fixed

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from turbotrain.datasets import open_dataset
+from turbotrain.datasets.dataset import read_dataset_json
+from turbotrain.datasets.remote import is_url, read_remote_dataset_json
 from turbotrain.pipeline import Pipeline, build_auto, build_pipeline
 
 from ..plan import rules
@@ -13,7 +16,6 @@ from ..plan.facts import largest_side
 def open_split(path: str, split: str, **cache):
     """The reader's `open_dataset`; DatasetError propagates (its message is one line).
     `cache`: cache_dir and cache_limit, for a URL (datasets/remote.py)."""
-    from turbotrain.datasets import open_dataset
     return open_dataset(path, split=split, **cache)
 
 
@@ -22,8 +24,6 @@ def open_val_split(path: str, **cache):
 
     Only a split that dataset.json does not list counts as absent; a listed but damaged val
     split is an error like any other."""
-    from turbotrain.datasets.dataset import read_dataset_json
-    from turbotrain.datasets.remote import is_url, read_remote_dataset_json
     root = Path(path)
     if is_url(path):
         splits = read_remote_dataset_json(path)["splits"]

@@ -23,6 +23,7 @@ from typing import Iterator
 
 import torch
 
+from turbotrain.datasets import open_dataset
 from turbotrain.pipeline import (PipelineError, PipelineOptions, PipelineUnavailable,
                                  build_pipeline, pipeline_names)
 
@@ -100,7 +101,6 @@ class Loader:
                  ratio: tuple[float, float] = (3 / 4, 4 / 3),
                  rank: int | None = None, world_size: int | None = None,
                  cache_dir: str | None = None, cache_limit: str | None = None):
-        from turbotrain.datasets import open_dataset
         _check_arguments(locals())
         env = _process_env(rank, world_size)
         config = TrainConfig(data=os.fspath(data), pipeline=pipeline, image_size=image_size,

@@ -8,51 +8,26 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import nn
 
 from ..errors import TrainError
+from . import nets  # noqa: F401  (registers resnet9, airbench, compact28)
+from .model_check import check_fits_memory, net_on_meta
+# ModelSpec and register_model are re-exported: models.py is where callers look for them.
+from .registry import MODELS, ModelSpec, register_model  # noqa: F401
 
 # ImageNet's mean/std on the 0..255 scale: the stem's fallback when dataset.json has none.
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    build: Callable[[int], nn.Module]  # num_classes -> net (input: normalised float)
-    sgd_lr: float  # peak SGD learning rate per 256 images of global batch
-    weight_decay: float  # SGD weight decay
-    conv: bool = True  # channels_last helps
-    family: str = "ours"  # ours, torchvision or timm: where --pretrained weights come from
-    # What `build` passes to the constructor beyond num_classes (--model-kwargs, and timm's
-    # img_size), and a line saying how the image size reaches the model (timm), or "".
-    kwargs: dict = field(default_factory=dict)
-    note: str = ""
-
-
-_MODELS: dict[str, ModelSpec] = {}
-
 TIMM_PREFIX = "timm:"
-
-
-def register_model(name: str, *, sgd_lr: float, weight_decay: float, conv: bool = True):
-    def decorator(build):
-        if name in _MODELS:
-            raise ValueError(f"model {name!r} is registered twice")
-        _MODELS[name] = ModelSpec(name, build, sgd_lr, weight_decay, conv)
-        return build
-    return decorator
 
 
 def model_names() -> list[str]:
     """Our own nets (torchvision's and timm's names come on top; see `model_choices`)."""
-    _register_builtin()
-    return sorted(_MODELS)
+    return sorted(MODELS)
 
 
 def torchvision_model_names() -> list[str]:
@@ -71,10 +46,9 @@ def get_model_spec(name: str, *, model_kwargs: dict | None = None,
     """The spec of model `name`; `model_kwargs` (checked by model_args) go to its constructor,
     and a timm model that takes `img_size` is built for `image_size`. Arguments the model does
     not take are one TrainError line starting with `where` (a card says its file)."""
-    _register_builtin()
     kwargs = dict(model_kwargs or {})
-    if name in _MODELS:
-        return _own_spec(_MODELS[name], kwargs, where)
+    if name in MODELS:
+        return _own_spec(MODELS[name], kwargs, where)
     if name.startswith(TIMM_PREFIX):
         return _timm_spec(name[len(TIMM_PREFIX):], kwargs, image_size, where)
     if name in torchvision_model_names():
@@ -101,7 +75,6 @@ def _try_on_meta(name: str, build: Callable[[int], nn.Module], where: str) -> No
     refuses fail now, in one line, rather than later inside the batch finder, and arguments
     that would make it larger than this machine's memory are refused before it exists
     (model_check.py: the one check of every card and --model-kwargs)."""
-    from .model_check import check_fits_memory, net_on_meta
     net = net_on_meta(name, build, 2, where)
     check_fits_memory(name, net, where)
 
@@ -163,10 +136,6 @@ def _timm_spec(timm_name: str, kwargs: dict, image_size: int | None,
     conv = not timm_name.startswith(("vit", "deit", "swin", "beit", "eva"))
     return ModelSpec(name, builder(kwargs), sgd_lr=0.1, weight_decay=1e-4, conv=conv,
                      family="timm", kwargs=kwargs, note=note)
-
-
-def _register_builtin() -> None:
-    from . import nets  # noqa: F401  (registers resnet9, airbench, compact28)
 
 
 class InputStem(nn.Module):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .models import register_model
+from .registry import register_model
 
 
 def conv_bn_relu(c_in: int, c_out: int) -> nn.Sequential:

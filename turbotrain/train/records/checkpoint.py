@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from turbotrain.datasets.safe_create import replacing
 from turbotrain.datasets.untrusted import UnsafeInput, open_regular
 
 from ..errors import TrainError
@@ -58,7 +59,6 @@ def checkpoint_path(run_dir: str | os.PathLike) -> Path:
 
 
 def save_atomic(state: dict, path: str | os.PathLike) -> None:
-    from turbotrain.datasets.safe_create import replacing
     path = Path(path)
     # A new file under a fresh name (nothing planted is followed or reused), renamed over path.
     with replacing(path, "wb", durable=True) as f:

@@ -21,7 +21,13 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
+from turbotrain.pipeline import PipelineOptions
+from turbotrain.pipeline.auto import unavailable_reason
 from turbotrain.pipeline.registry import capabilities, first_pipeline
+
+from ..models.models import get_model_spec
+from ..plan.facts import jpeg_fraction, largest_side
+from ..step.device import cpu_has_native_bf16, device_memory_bytes, peak_device_memory_bytes
 
 # TensorFlow's profiler calls a run "highly input-bound" from 20 % of step time waiting for
 # input: removing a 20 % wait makes the run 1.25x faster, worth changing the pipeline for.
@@ -204,9 +210,6 @@ def _host_steps(f: Facts) -> list[str]:
 def facts_of_run(run, ledger) -> Facts:
     """`run`: builder.Run; `ledger`: its ledger.StepLedger, the same totals summary.json's
     throughput and data-wait fraction come from."""
-    from ..plan.facts import jpeg_fraction, largest_side
-    from ..step.device import cpu_has_native_bf16, device_memory_bytes, peak_device_memory_bytes
-    from ..models.models import get_model_spec
     config, device = run.config, run.device
     dataset = getattr(run.train_pipeline, "dataset", None)
     if device.type == "cuda":
@@ -234,8 +237,6 @@ def facts_of_run(run, ledger) -> Facts:
 
 def _usable(name: str | None, dataset, run) -> bool:
     """Whether `--pipeline name` would open for this run (auto's own cheap checks)."""
-    from turbotrain.pipeline import PipelineOptions
-    from turbotrain.pipeline.auto import unavailable_reason
     if name is None:
         return False
     options = PipelineOptions(train=True, batch_size=run.config.batch_size,

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from turbotrain.datasets.safe_create import replacing_path, write_file
+
 DATA_RANGE = "data_loading"  # the profiler label of `next(iterator)`
 TRACE_NAME = "trace.json"
 PROFILE_TABLE_NAME = "profile.txt"
@@ -212,7 +214,6 @@ class TraceWindow:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         profiler.stop()
-        from turbotrain.datasets.safe_create import replacing_path, write_file
         trace = self.run_dir / TRACE_NAME
         with replacing_path(trace) as tmp:
             profiler.export_chrome_trace(str(tmp))

@@ -12,6 +12,8 @@ from __future__ import annotations
 from array import array
 from pathlib import Path
 
+from turbotrain.datasets.safe_create import replacing_path
+
 from .profiling import StepTime
 
 TIMELINE_NAME = "timeline.png"
@@ -96,7 +98,6 @@ class StepTimeline:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
-        from turbotrain.datasets.safe_create import replacing_path
         path = Path(path)
         try:
             with replacing_path(path) as tmp:

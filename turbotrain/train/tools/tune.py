@@ -27,6 +27,21 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from turbotrain.datasets import DatasetError
+from turbotrain.pipeline import PipelineError, build_pipeline, pipeline_names
+from turbotrain.pipeline.bench import endless, steady_rate
+
+from ..config.config import TrainConfig
+from ..engine import batch_finder as bf
+from ..engine.data import open_split
+from ..errors import TrainError
+from ..models.models import build_model
+from ..plan import DatasetFacts, Machine, Observed, OpenedPipeline, plan, rules
+from ..records.profiling import StepClock
+from ..step.device import apply_torch_threads
+from ..step.distributed import dist_env_from_environ
+from ..step.loop import StepSettings, make_engine
+
 PROG = "turbotrain tune"
 DEFAULT_BUDGET = 90.0  # seconds; a sweep of 3 pipelines x 4 worker counts fits comfortably
 LOADER_SHARE = 0.35  # of the budget: the loader-alone sweep; the model sweep gets the rest
@@ -48,7 +63,6 @@ class Row:
 
 
 def add_tune_arguments(p: argparse.ArgumentParser) -> None:
-    from turbotrain.pipeline import pipeline_names
     p.add_argument("--data", required=True, help="prepared dataset folder (prepare-dataset's OUT)")
     p.add_argument("--model", default="auto", help="model to tune for (default: train's choice)")
     p.add_argument("--image-size", type=int, default=None,
@@ -90,10 +104,6 @@ class Sweep:
     def __init__(self, args: argparse.Namespace, machine=None):
         import torch
 
-        from ..config.config import TrainConfig
-        from ..engine.data import open_split
-        from ..plan import DatasetFacts, Machine, plan
-        from ..step.distributed import dist_env_from_environ
         self.started = self.sweep_started = time.perf_counter()
         self.budget = max(1.0, args.budget_seconds)
         self.dataset = open_split(args.data, "train")
@@ -119,7 +129,6 @@ class Sweep:
     def row_plan(self, name: str, workers: int, opened=None):
         """train's plan with `--pipeline name --workers workers` (and, once it is open, what the
         pipeline says about itself: its CPU workers leave torch the other cores)."""
-        from ..plan import Observed, plan
         return plan(self.config.replace(pipeline=name, workers=workers), self.facts,
                     self.machine, Observed(pipeline=opened))
 
@@ -127,7 +136,6 @@ class Sweep:
         return self.budget - (time.perf_counter() - self.sweep_started)
 
     def build_model(self):
-        from ..models.models import build_model
         return build_model(self.spec, self.dataset.num_classes, self.dataset.mean,
                            self.dataset.std)
 
@@ -138,8 +146,6 @@ class Sweep:
         reported up to MAX_BATCH (or the global batch) rather than up to train's preferred
         batch; the recommendation is what train's rule makes of the answer (batch_from_fit),
         with --global-batch-size the largest divisor of it and the accumulation."""
-        from ..engine import batch_finder as bf
-        from ..plan import rules
         search, target = self.plan.batch_search, self.args.global_batch_size
         if target:
             search = rules.batch_search(preferred=(target, ""), global_batch=target,
@@ -160,7 +166,6 @@ class Sweep:
     # ------------------------------------------------------------------ 2. loader alone
 
     def build_pipeline(self, name: str, workers: int, batch: int):
-        from turbotrain.pipeline import build_pipeline
         order = self.row_plan(name, workers).config.order  # train's rule for this pipeline
         return build_pipeline(name, self.dataset, train=True, batch_size=batch,
                               image_size=self.image_size, device=self.device, workers=workers,
@@ -168,7 +173,6 @@ class Sweep:
 
     def loader_rate(self, row: Row, batch: int, seconds: float, guess: float | None) -> float:
         """Images/s of the pipeline alone; `guess` (images/s) sizes the timed batch count."""
-        from turbotrain.pipeline.bench import steady_rate
         pipeline = self.build_pipeline(row.pipeline, row.workers, batch)
         try:
             if getattr(pipeline, "cpu_workers", None) == 0:
@@ -186,11 +190,7 @@ class Sweep:
     def train_rate(self, row: Row, engine, batch: int, seconds: float) -> None:
         """Images/s and the data-wait share of `engine`'s training steps (loop.make_engine:
         the trainer's step) on the row's pipeline, timed by the trainer's StepClock."""
-        from turbotrain.pipeline.bench import endless  # epochs back to back
 
-        from ..step.device import apply_torch_threads
-        from ..plan import OpenedPipeline
-        from ..records.profiling import StepClock
         torch = self.torch
         pipeline = self.build_pipeline(row.pipeline, row.workers, batch)
         # As in train: cores a loader leaves idle go to torch.
@@ -234,13 +234,11 @@ class Sweep:
         """train's step for this plan (loop.StepSettings): its optimizer, precision, label
         smoothing and clipping, one micro-batch per step. The LR is tiny and constant: only the
         speed is measured, on one model for every row."""
-        from ..step.loop import StepSettings
         return StepSettings.of(self.plan).replace(
             lr=1e-4, accum_steps=1, weight_decay=self.plan.config.weight_decay or 0.0)
 
     def engine(self):
         """train's step for this plan (loop.make_engine, as builder.py makes it)."""
-        from ..step.loop import make_engine
         settings = self.step_settings()
         model = self.build_model().to(self.device, memory_format=settings.memory_format)
         return make_engine(model, settings)
@@ -250,7 +248,6 @@ class Sweep:
     def run(self, progress: bool) -> dict:
         from tqdm import tqdm
 
-        from turbotrain.pipeline import PipelineError, pipeline_names
         plan = self.batch_plan()
         self.sweep_started = time.perf_counter()  # the budget is the sweep's (module docstring)
         batch = plan["batch_size"]  # at most the split: the search limit is
@@ -371,9 +368,6 @@ def format_report(result: dict) -> str:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from turbotrain.datasets import DatasetError
-    from turbotrain.pipeline import PipelineError
-    from ..errors import TrainError
     if args.budget_seconds <= 0 or (args.global_batch_size is not None
                                     and args.global_batch_size < 1):
         print(f"{PROG}: error: --budget-seconds and --global-batch-size must be positive",

@@ -27,12 +27,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from turbotrain.datasets.object_store import is_url, shown_url
 from turbotrain.datasets.safe_create import existing_refusal, replacing_path, write_file
+from turbotrain.pipeline import pipeline_names
 from turbotrain.printable import printable
 
+from ..engine.data import open_pipeline, open_split
 from ..errors import TrainError
-from .inference import (LoadedModel, add_model_arguments, apply_thread_plan, at_least,
-                        describe, load_model, run_command)
+from ..plan.facts import jpeg_fraction
+from .inference import (LoadedModel, add_model_arguments, apply_thread_plan, at_least, describe,
+                        load_model, run_command)
 
 PROG = "turbotrain eval"
 TOP_K = 5
@@ -47,7 +51,6 @@ ANNOTATED_CLASSES = 20  # counts written in the cells up to this many classes
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    from turbotrain.pipeline import pipeline_names
     add_model_arguments(parser)
     parser.add_argument("--data", metavar="DS",
                         help="prepared dataset folder (default: the run's --data)")
@@ -72,7 +75,6 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..engine.data import open_split
     loaded = load_model(args)
     out = Path(args.out) if args.out else (loaded.run_dir or loaded.path.parent) / "eval.json"
     if not args.overwrite:  # before the evaluation, not after it
@@ -107,8 +109,6 @@ def evaluate_split(loaded: LoadedModel, split, *, batch_size: int | None = None,
                    pipeline: str | None = None, workers: int | None = None) -> dict:
     """Runs the model over the whole split with the trainer's val pipeline; returns the
     numbers eval.json holds (without the per-class names' file paths)."""
-    from ..engine.data import open_pipeline
-    from ..plan.facts import jpeg_fraction
     check_classes(split, loaded.card)
     settings, card = loaded.settings, loaded.card
     batch_size = batch_size or settings.get("batch_size") or DEFAULT_BATCH
@@ -184,7 +184,6 @@ def data_to_evaluate(given: str | None, loaded: LoadedModel) -> str:
     (docs/SECURITY.md): what it names is printed before it is read, and a URL in it is never
     fetched (that takes --data URL, typed by the user); a local path is read as any dataset
     is, through every check of dataset.json and the .beton files."""
-    from turbotrain.datasets.object_store import is_url, shown_url
     if given:
         return given
     data = loaded.settings.get("data")

@@ -47,11 +47,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from turbotrain.datasets.object_store import is_url
 from turbotrain.datasets.safe_create import existing_refusal, replacing_path
+from turbotrain.datasets.sources import list_images
+from turbotrain.pipeline import build_pipeline
+from turbotrain.pipeline.registry import first_pipeline
 from turbotrain.printable import printable
 
+from ..engine.data import open_split, open_val_split
 from ..errors import TrainError
+from ..weights.weights import ModelCard, load_classifier, save_weights
 from .inference import LoadedModel, add_model_arguments, describe, load_model, run_command
+from .predict import Inputs, load_batch
 
 PROG = "turbotrain export"
 FORMATS = {"safetensors": "safetensors", "torchscript": "torchscript.pt", "onnx": "onnx"}
@@ -148,7 +155,6 @@ def _export_and_check(fmt: str, model, loaded: LoadedModel, path: Path, batch: t
 
 def check_batch(loaded: LoadedModel, args) -> tuple[torch.Tensor, str]:
     """uint8 (n, 3, S, S) images to compare on, n != EXAMPLE_BATCH, and what they are."""
-    from turbotrain.datasets.object_store import is_url
     size = loaded.card.image_size
     images, where = None, ""
     data = args.data
@@ -180,10 +186,7 @@ def _dataset_images(loaded: LoadedModel, data) -> tuple[torch.Tensor, str]:
     the first in auto's order that runs on a CPU with nothing optional installed and decodes
     batch by batch (the pytorch pipeline: holding the decoded split would decode all of it
     for one batch)."""
-    from turbotrain.pipeline import build_pipeline
-    from turbotrain.pipeline.registry import first_pipeline
 
-    from ..engine.data import open_split, open_val_split
     split, _ = open_val_split(data)
     if split is None:
         split = open_split(data, "train")
@@ -200,9 +203,7 @@ def _dataset_images(loaded: LoadedModel, data) -> tuple[torch.Tensor, str]:
 
 
 def _file_images(loaded: LoadedModel, paths) -> tuple[torch.Tensor, str]:
-    from turbotrain.datasets.sources import list_images
 
-    from .predict import Inputs, load_batch
     inputs = Inputs([list_images(p) for p in paths])
     batch = load_batch(inputs, range(min(len(inputs), CHECK_BATCH)), loaded.card.image_size)
     for i, reason in batch.errors:
@@ -212,7 +213,6 @@ def _file_images(loaded: LoadedModel, paths) -> tuple[torch.Tensor, str]:
 
 # -- the formats: each writes `path` and returns (how, a function running the written file) ----
 def export_safetensors(model, loaded: LoadedModel, path: Path):
-    from ..weights.weights import ModelCard, load_classifier, save_weights
     card = loaded.card
     info = {**card.info, "exported_from": str(loaded.path)}
     save_weights(path, model, ModelCard(card.model, card.classes, card.image_size, card.mean,

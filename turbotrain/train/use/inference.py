@@ -19,12 +19,18 @@ from typing import Callable
 
 import torch
 
+from turbotrain.datasets import DatasetError
+from turbotrain.datasets.source_types import SourceError
+from turbotrain.pipeline import PipelineError
 from turbotrain.printable import printable
 
+from ..config.config_files import read_yaml
+from ..config.config_flags import parse_value
 from ..errors import TrainError
+from ..models.models import get_model_spec
 from ..step.device import (apply_torch_threads, autocast_context, available_cores,
                            choose_channels_last, choose_device, choose_precision, plan_threads)
-from ..weights.weights import ModelCard, run_weights
+from ..weights.weights import ModelCard, load_classifier, run_weights
 
 
 @dataclass
@@ -92,7 +98,6 @@ def load_model(args: argparse.Namespace, *, device: str = "auto",
     """The model `args.run` or `args.weights` names, on the device and in the precision asked
     for (or the run's). TrainError for a missing run, a run without weights, or a file that is
     not a turbotrain weights file (all one line)."""
-    from ..weights.weights import load_classifier
     started = time.perf_counter()
     run_dir = None
     if getattr(args, "run_dir", None):
@@ -115,7 +120,6 @@ def load_model(args: argparse.Namespace, *, device: str = "auto",
     asked = getattr(args, "precision", precision) or precision
     if asked is None:
         asked = settings.get("precision", "auto") if same_kind else "auto"
-    from ..models.models import get_model_spec
     conv = get_model_spec(card.model).conv
     channels_last = settings.get("channels_last") if same_kind else None
     channels_last = choose_channels_last(channels_last, conv).value
@@ -137,8 +141,6 @@ def run_settings(run_dir: Path) -> dict:
     """The RUN_SETTINGS in RUNDIR/config.yaml (train's resolved values), each checked as its
     flag is; {} without the file. Other keys are ignored, so a run written by another version
     of train (more or fewer settings) still evaluates."""
-    from ..config.config_files import read_yaml
-    from ..config.config_flags import parse_value
     path = run_dir / "config.yaml"
     if not path.is_file():
         return {}
@@ -163,9 +165,6 @@ def apply_thread_plan(device: torch.device, *, workers: int | None, jpeg: bool):
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """What ends a command with one line and exit code 2: bad input, not a bug."""
-    from turbotrain.datasets import DatasetError
-    from turbotrain.datasets.source_types import SourceError
-    from turbotrain.pipeline import PipelineError
     return TrainError, DatasetError, PipelineError, SourceError
 
 

@@ -49,12 +49,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
 from turbotrain.datasets.safe_create import existing_refusal, replacing
+from turbotrain.datasets.sources import list_images
+from turbotrain.datasets.untrusted import UnsafeInput
+from turbotrain.pipeline.base import PipelineOptions
+from turbotrain.pipeline.cpu_decode import ONE_CV2_THREAD, BatchDecoder
+from turbotrain.pipeline.pytorch import PREFETCH_PER_WORKER
+from turbotrain.pipeline.transfer import to_device
 from turbotrain.printable import printable, spreadsheet_cell
 
 from ..errors import TrainError
-from .inference import (LoadedModel, add_model_arguments, apply_thread_plan, at_least,
-                        describe, load_model, run_command)
+from .inference import (LoadedModel, add_model_arguments, apply_thread_plan, at_least, describe,
+                        load_model, run_command)
 
 PROG = "turbotrain predict"
 DEFAULT_TOP_K = 5
@@ -96,7 +103,6 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from turbotrain.datasets.sources import list_images
     if args.out and not args.overwrite and os.path.lexists(args.out):  # before any work
         raise TrainError(f"--out {existing_refusal(Path(args.out), '--overwrite')}")
     loaded = load_model(args)
@@ -182,11 +188,8 @@ class Batch:
 def load_batch(inputs: Inputs, numbers: range, image_size: int) -> Batch:
     """Reads, stores (as prepare-dataset would) and decodes (as the eval pipeline does) the
     inputs `numbers`; runs in a decode thread."""
-    from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
+    # lazy: cv2 and PIL (+80 ms) load when images are read, not for `--help`
     from turbotrain.datasets.images import ImageError, encode_sample
-    from turbotrain.datasets.untrusted import UnsafeInput
-    from turbotrain.pipeline.base import PipelineOptions
-    from turbotrain.pipeline.cpu_decode import BatchDecoder
     samples, where, errors = [], [], []
     for i in numbers:
         try:
@@ -239,8 +242,6 @@ class Stats:
 def batches(inputs: Inputs, *, batch_size: int, image_size: int, workers: int):
     """Batch after batch, in input order, decoded by `workers` threads ahead of the caller (two
     batches queued per thread, as the pytorch pipeline queues them)."""
-    from turbotrain.pipeline.cpu_decode import ONE_CV2_THREAD
-    from turbotrain.pipeline.pytorch import PREFETCH_PER_WORKER
     pending = iter(range(start, min(start + batch_size, len(inputs)))
                    for start in range(0, len(inputs), batch_size))
     in_flight: deque[Future] = deque()
@@ -269,7 +270,6 @@ def predict(loaded: LoadedModel, inputs: Inputs, out, *, top_k: int = DEFAULT_TO
     first unreadable input unless `skip` (then each is named on stderr)."""
     from tqdm import tqdm
 
-    from turbotrain.pipeline.transfer import to_device
     card = loaded.card
     k = min(top_k, card.num_classes)
     batch_size = batch_size or loaded.settings.get("batch_size") or DEFAULT_BATCH

@@ -43,6 +43,7 @@ from torch import nn
 from ..config.config import TrainConfig
 from ..errors import TrainError
 from ..models.models import Classifier, ModelSpec, build_model, get_model_spec
+from ..plan import WeightsFacts
 from .weights_in import Start, init_card, init_start, pretrained_start, source_classes
 
 # The recipe's numbers (the LR factors, the warm-up) and the measurements behind them: plan/recipe.py.
@@ -80,7 +81,6 @@ def weights_facts(config: TrainConfig):
     starts from random weights. Reads --init-from's card (not its tensors), or --pretrained's
     published metadata; a failure is kept in `error`, for the plan to raise when it needs the
     weights (with --resume auto it may not: a resumed run has them in its checkpoint)."""
-    from ..plan import WeightsFacts
     if not config.from_weights or config.resume is True:
         return None
     try:

@@ -20,9 +20,16 @@ from pathlib import Path
 
 import torch
 
+from turbotrain.datasets.format import MAX_CLASSES
+from turbotrain.datasets.safe_create import replacing_path
+from turbotrain.datasets.schema import MAX_CLASS_NAME_CHARS
+from turbotrain.datasets.untrusted import UnsafeInput, open_regular
 from turbotrain.printable import printable
 
+from ..config.model_args import check_model_kwargs
 from ..errors import TrainError
+from ..models.model_check import check_card_fits
+from ..models.models import build_model, get_model_spec
 
 WEIGHTS_FORMAT = 1
 BEST_NAME = "best.safetensors"
@@ -62,10 +69,7 @@ class ModelCard:
         statistics, model_kwargs as --model-kwargs are (model_args), info as plain values;
         TrainError naming the file otherwise. Whether the model fits the file's tensors is
         checked before it is built (read_safetensors, model_check.check_card_fits)."""
-        from turbotrain.datasets.format import MAX_CLASSES
-        from turbotrain.datasets.schema import MAX_CLASS_NAME_CHARS
 
-        from ..config.model_args import check_model_kwargs
 
         def bad(what: str) -> TrainError:
             return TrainError(f"{path}: not a turbotrain weights file ({what})")
@@ -128,7 +132,6 @@ def save_weights(path: str | os.PathLike, model: torch.nn.Module, card: ModelCar
     and nothing planted at `path` is written through."""
     from safetensors.torch import save_file
 
-    from turbotrain.datasets.safe_create import replacing_path
     path = Path(path)
     state = {name: tensor.detach().to("cpu").contiguous()
              for name, tensor in model.state_dict().items()}
@@ -156,7 +159,6 @@ def read_safetensors(path: Path, label: str, *, tensors: bool = True):
     header and tensors, never code."""
     from safetensors import SafetensorError, safe_open
 
-    from turbotrain.datasets.untrusted import UnsafeInput, open_regular
     try:
         with open_regular(path):
             pass
@@ -183,8 +185,6 @@ def check_card(card: ModelCard, shapes: dict[str, tuple[int, ...]], label: str) 
     """The card must name a model this install builds, and that model (with the card's
     classes and model_kwargs, built on the meta device) must hold exactly the file's
     tensors: then building it for real allocates what the file already holds, and no more."""
-    from ..models.model_check import check_card_fits
-    from ..models.models import get_model_spec
     try:
         spec = get_model_spec(card.model, model_kwargs=card.model_kwargs,
                               image_size=card.image_size,
@@ -212,7 +212,6 @@ def run_weights(source: str | os.PathLike) -> Path:
 
 def load_classifier(source: str | os.PathLike, device: torch.device | str = "cpu"):
     """(Classifier in eval mode on `device`, card) from a run folder or a weights file."""
-    from ..models.models import build_model, get_model_spec
     path = run_weights(source)
     state, card = read_weights(path)  # its card checked against its tensors (check_card)
     spec = get_model_spec(card.model, model_kwargs=card.model_kwargs, image_size=card.image_size)
