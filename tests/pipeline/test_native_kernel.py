@@ -340,6 +340,52 @@ def test_a_pool_cancels_and_closes_with_batches_in_flight(photos):
         decoder.submit(pool, np.arange(2), 0, np.zeros((2, 64, 64, 3), np.uint8))
 
 
+def epoch_batches(n: int, epoch: int, batch: int = 4) -> list[np.ndarray]:
+    order = np.random.default_rng(epoch).permutation(n)
+    return [order[i:i + batch] for i in range(0, n, batch)]
+
+
+def decoded(ahead, epoch, batches, upcoming=None) -> list[np.ndarray]:
+    return [images.numpy().copy() for _, images in ahead.run(
+        epoch, batches, lambda idx: torch.zeros((len(idx), 32, 32, 3), dtype=torch.uint8),
+        upcoming)]
+
+
+def test_the_next_epochs_first_boxes_are_drawn_ahead_and_used_only_if_they_fit(photos,
+                                                                               monkeypatch):
+    """DecodeAhead draws the next epoch's first group of crop boxes while this epoch ends (on
+    its helper thread: beside a Python-busy thread a draw by the consumer took up to 290 ms,
+    longer than the batches in flight). The primed boxes serve only a run that starts with the
+    very batches they were drawn for: resumed mid-epoch, or another order, they are redrawn,
+    and every batch equals a fresh decoder's."""
+    decoder = BatchDecoder(photos, image_size=32, train=True, seed=0)
+    drawn = []
+    real_boxes = BatchDecoder.boxes
+
+    def counting(self, indices, epoch):
+        drawn.append((epoch, len(indices)))
+        return real_boxes(self, indices, epoch)
+    monkeypatch.setattr(BatchDecoder, "boxes", counting)
+    n = len(photos)
+    ahead = DecodeAhead(decoder, 2)
+    try:
+        decoded(ahead, 0, epoch_batches(n, 0), lambda: epoch_batches(n, 1))
+        assert drawn == [(0, n), (1, n)]  # epoch 1's first (and only) group: primed
+        primed = decoded(ahead, 1, epoch_batches(n, 1), lambda: epoch_batches(n, 2))
+        assert drawn == [(0, n), (1, n), (2, n)]  # used: not drawn again
+        resumed = decoded(ahead, 2, epoch_batches(n, 2)[3:])  # mid-epoch: primed set unused
+        assert drawn[-1] == (2, n - 12)
+    finally:
+        ahead.close()
+    fresh = DecodeAhead(BatchDecoder(photos, image_size=32, train=True, seed=0), 2)
+    try:
+        for got, want in zip(primed + resumed, decoded(fresh, 1, epoch_batches(n, 1))
+                             + decoded(fresh, 2, epoch_batches(n, 2)[3:])):
+            np.testing.assert_array_equal(got, want)
+    finally:
+        fresh.close()
+
+
 def test_a_pool_counts_the_time_its_threads_wait_for_work(photos):
     """Pool.idle: the seconds its threads sat with nothing to decode (bench_kernel.py reports it
     to tell a starved pool from a slow one)."""

@@ -10,7 +10,8 @@ The CPU kernel behind the `pytorch` pipeline, `resident`'s first pass, `predict`
 
 What Python does per batch, vectorised (~40 us for 64 samples): the crop boxes and flips
 (`augment`, pure functions of seed, epoch and index, so the output does not depend on which
-thread decodes which sample), and the payload addresses gathered from the allocation tables
+thread decodes which sample; drawn 64 batches at a time, one group ahead, on a helper thread),
+and the payload addresses gathered from the allocation tables
 (`payload_addresses`, shard by shard), packed into one record table. What the kernel does per
 sample, without the GIL: check the JPEG header against the metadata, decode only the box's rows
 and iMCU columns at the DCT scale the box allows (libjpeg-turbo's jpeg_skip_scanlines /
@@ -27,7 +28,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -186,8 +187,12 @@ MIN_BATCHES_AHEAD = 3
 # while the consumer takes one (the DataLoader's prefetch_factor default too).
 PYTHON_TASKS_PER_THREAD = 2
 # Crop boxes are drawn for this many batches at once: augment's vectorised draw costs ~500 us
-# of fixed numpy overhead per call and ~1 us per sample (64 samples: ~590 us; 2,000: ~1.5 ms),
-# and the consumer holds the GIL meanwhile.
+# of fixed numpy overhead per call and ~1 us per sample (64 samples: ~590 us; 2,000: ~1.5 ms).
+# The next group is drawn on a helper thread while this one is decoded: numpy drops the GIL in
+# each of the draw's few dozen array operations, and beside a Python-busy thread getting it back
+# costs up to the 5 ms switch interval each time, so a group drawn by the consumer took 11-290 ms
+# there (2.3 ms alone), longer than the batches in flight (3 x ~50 ms): the pool starved for
+# 14-24 % of the time.
 BOX_BATCHES = 64
 
 
@@ -202,6 +207,8 @@ class DecodeAhead:
         self.threads = max(1, threads)
         if decoder.native:
             self.pool, self._release_cv2 = kernel.NATIVE.Pool(self.threads), None
+            self._drawer = ThreadPoolExecutor(1, thread_name_prefix="turbotrain-boxes")
+            self._primed = None  # (epoch, future of (its first group, their boxes))
         else:
             self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="turbotrain-decode")
             self._release_cv2 = ONE_CV2_THREAD.hold()
@@ -214,8 +221,13 @@ class DecodeAhead:
                    math.ceil(SAMPLES_AHEAD_PER_THREAD * self.threads / per_batch) + 1)
 
     def run(self, epoch: int, batches: Iterable[np.ndarray],
-            allocate: Callable[[np.ndarray], "torch.Tensor"]) -> Iterator[tuple[np.ndarray, object]]:
-        pending = self._with_boxes(epoch, iter(batches))
+            allocate: Callable[[np.ndarray], "torch.Tensor"],
+            upcoming: Callable[[], list[np.ndarray]] | None = None
+            ) -> Iterator[tuple[np.ndarray, object]]:
+        """`upcoming()`: the batches of epoch + 1 as the order will give them, so that the
+        boxes of its first group are drawn while this epoch ends (used only if that epoch's
+        run starts with those very batches)."""
+        pending = self._with_boxes(epoch, iter(batches), upcoming)
         in_flight: deque = deque()
 
         def submit_next() -> None:
@@ -246,25 +258,63 @@ class DecodeAhead:
             for _, _, task in in_flight:  # the caller stopped early or a batch failed
                 task.cancel()
 
-    def _with_boxes(self, epoch: int, batches: Iterator[np.ndarray]):
+    def _with_boxes(self, epoch: int, batches: Iterator[np.ndarray],
+                    upcoming: Callable[[], list[np.ndarray]] | None = None):
         """(indices, their CropBoxes or None) per batch; on the native path the boxes are
-        drawn BOX_BATCHES batches at a time (the Python path draws its own)."""
-        while True:
-            group = [np.asarray(b, dtype=np.int64) for _, b in zip(range(BOX_BATCHES), batches)]
-            if not group:
-                return
-            if not self.decoder.native:
+        drawn BOX_BATCHES batches at a time, the next group on the helper thread while this
+        one is handed out, and the next epoch's first group while this epoch's last is (the
+        Python path draws its own)."""
+        def first_group(of: Iterable[np.ndarray]) -> list[np.ndarray]:
+            return [np.asarray(b, dtype=np.int64) for _, b in zip(range(BOX_BATCHES), of)]
+
+        if not self.decoder.native:
+            while group := first_group(batches):
                 yield from ((indices, None) for indices in group)
-                continue
-            boxes = self.decoder.boxes(np.concatenate(group), epoch)
+            return
+
+        def draw(group: list[np.ndarray]):
+            return self.decoder.boxes(np.concatenate(group), epoch) if group else None
+
+        group = first_group(batches)
+        drawn = self._primed_boxes(epoch, group) or self._drawer.submit(draw, group)
+        while group:
+            boxes = drawn.result()
+            following = first_group(batches)
+            if following:
+                drawn = self._drawer.submit(draw, following)
+            elif upcoming is not None:
+                self._prime(epoch + 1, upcoming)
             start = 0
             for indices in group:
                 yield indices, boxes.slice(start, start + len(indices))
                 start += len(indices)
+            group = following
+
+    def _prime(self, epoch: int, upcoming: Callable[[], list[np.ndarray]]) -> None:
+        """Draws the boxes of `epoch`'s first group on the helper thread."""
+        def draw():
+            group = [np.asarray(b, dtype=np.int64)
+                     for _, b in zip(range(BOX_BATCHES), upcoming())]
+            return group, (self.decoder.boxes(np.concatenate(group), epoch) if group else None)
+        self._primed = (epoch, self._drawer.submit(draw))
+
+    def _primed_boxes(self, epoch: int, group: list[np.ndarray]):
+        """A future of `group`'s boxes if they were primed for exactly these batches."""
+        primed, self._primed = self._primed, None
+        if primed is None or primed[0] != epoch:
+            return None
+        expected, boxes = primed[1].result()
+        if len(expected) != len(group) or not all(
+                np.array_equal(a, b) for a, b in zip(expected, group)):
+            return None  # resumed mid-epoch, another order, or another epoch number
+        done: Future = Future()
+        done.set_result(boxes)
+        return done
 
     def close(self) -> None:
         if self.decoder.native:
             self.pool.close()
+            self._drawer.shutdown(wait=True, cancel_futures=True)
         else:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self._release_cv2()

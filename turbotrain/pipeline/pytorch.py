@@ -71,8 +71,8 @@ class _ThreadBatches:
         s = self.size
         return torch.empty((len(indices), s, s, 3), dtype=torch.uint8, pin_memory=self.pinned)
 
-    def run(self, epoch: int, batches: list[np.ndarray]) -> Iterator:
-        for indices, images in self.ahead.run(epoch, batches, self._allocate):
+    def run(self, epoch: int, batches: list[np.ndarray], upcoming=None) -> Iterator:
+        for indices, images in self.ahead.run(epoch, batches, self._allocate, upcoming):
             yield images, torch.from_numpy(self.labels[indices])
 
     def close(self) -> None:
@@ -138,7 +138,7 @@ class _ProcessBatches:
             collate_fn=_no_collate,
             multiprocessing_context=_start_method(decoder.dataset) if workers > 0 else None)
 
-    def run(self, epoch: int, batches: list[np.ndarray]) -> Iterator:
+    def run(self, epoch: int, batches: list[np.ndarray], upcoming=None) -> Iterator:
         self.keys.keys = [(epoch, indices) for indices in batches]
         for batch in self.loader:
             if isinstance(batch, _Failure):
@@ -203,7 +203,10 @@ class PyTorchPipeline(OrderedPipeline):
                  kernel.STATUS)
 
     def _produce(self, epoch: int, batches: list[np.ndarray]):
-        return to_device(self.source.run(epoch, batches), self.device)
+        # The next epoch's batches, for DecodeAhead to draw their first boxes early: a training
+        # loop's next epoch is usually epoch + 1 from its start (anything else is redrawn).
+        return to_device(self.source.run(epoch, batches, lambda: self.order.batches(epoch + 1)),
+                         self.device)
 
     def close(self) -> None:
         self.source.close()
