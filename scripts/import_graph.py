@@ -102,17 +102,20 @@ def comments(text: str) -> dict[int, str]:
 def lazy_reason(node, lines: list[str], notes: dict[int, str]) -> str | None:
     """The `# lazy: why` of a function-level import: on its own line, or on the comment line
     above it or above the run of import lines it belongs to (blank lines included)."""
-    if "lazy:" in notes.get(node.lineno, ""):
-        return notes[node.lineno].split("lazy:", 1)[1].strip()
+    def reason(line: int) -> str | None:
+        text = notes.get(line, "")
+        return text.split("lazy:", 1)[1].strip() if "lazy:" in text else None
+
+    found = reason(node.lineno)
     line = node.lineno - 1
-    while line >= 1 and (lines[line - 1].lstrip().startswith(("from ", "import "))
-                         or not lines[line - 1].strip()):  # isort's blank between sections
-        if "lazy:" in notes.get(line, ""):
-            return notes[line].split("lazy:", 1)[1].strip()
+    while found is None and line >= 1 and (
+            lines[line - 1].lstrip().startswith(("from ", "import "))
+            or not lines[line - 1].strip()):  # isort's blank between sections
+        found = reason(line)
         line -= 1
-    if line >= 1 and lines[line - 1].lstrip().startswith("#") and "lazy:" in notes.get(line, ""):
-        return notes[line].split("lazy:", 1)[1].strip()
-    return None
+    if found is None and line >= 1 and lines[line - 1].lstrip().startswith("#"):
+        found = reason(line)
+    return found
 
 
 def targets(node, module: str, is_package: bool, ours: set[str]) -> list[str]:

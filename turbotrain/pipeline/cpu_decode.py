@@ -264,24 +264,18 @@ class DecodeAhead:
         drawn BOX_BATCHES batches at a time, the next group on the helper thread while this
         one is handed out, and the next epoch's first group while this epoch's last is (the
         Python path draws its own)."""
-        def first_group(of: Iterable[np.ndarray]) -> list[np.ndarray]:
-            return [np.asarray(b, dtype=np.int64) for _, b in zip(range(BOX_BATCHES), of)]
-
         if not self.decoder.native:
-            while group := first_group(batches):
+            while group := _box_group(batches):
                 yield from ((indices, None) for indices in group)
             return
-
-        def draw(group: list[np.ndarray]):
-            return self.decoder.boxes(np.concatenate(group), epoch) if group else None
-
-        group = first_group(batches)
-        drawn = self._primed_boxes(epoch, group) or self._drawer.submit(draw, group)
+        group = _box_group(batches)
+        drawn = (self._primed_boxes(epoch, group)
+                 or self._drawer.submit(self._draw, group, epoch))
         while group:
             boxes = drawn.result()
-            following = first_group(batches)
+            following = _box_group(batches)
             if following:
-                drawn = self._drawer.submit(draw, following)
+                drawn = self._drawer.submit(self._draw, following, epoch)
             elif upcoming is not None:
                 self._prime(epoch + 1, upcoming)
             start = 0
@@ -290,12 +284,14 @@ class DecodeAhead:
                 start += len(indices)
             group = following
 
+    def _draw(self, group: list[np.ndarray], epoch: int) -> augment.CropBoxes | None:
+        return self.decoder.boxes(np.concatenate(group), epoch) if group else None
+
     def _prime(self, epoch: int, upcoming: Callable[[], list[np.ndarray]]) -> None:
         """Draws the boxes of `epoch`'s first group on the helper thread."""
         def draw():
-            group = [np.asarray(b, dtype=np.int64)
-                     for _, b in zip(range(BOX_BATCHES), upcoming())]
-            return group, (self.decoder.boxes(np.concatenate(group), epoch) if group else None)
+            group = _box_group(iter(upcoming()))
+            return group, self._draw(group, epoch)
         self._primed = (epoch, self._drawer.submit(draw))
 
     def _primed_boxes(self, epoch: int, group: list[np.ndarray]):
@@ -318,6 +314,11 @@ class DecodeAhead:
         else:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self._release_cv2()
+
+
+def _box_group(batches: Iterator[np.ndarray]) -> list[np.ndarray]:
+    """The next BOX_BATCHES batches of `batches` (fewer at its end, [] once it is done)."""
+    return [np.asarray(b, dtype=np.int64) for _, b in zip(range(BOX_BATCHES), batches)]
 
 
 def _prepend(first, rest: Iterator) -> Iterator:

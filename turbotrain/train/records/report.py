@@ -126,9 +126,17 @@ def plot_curves(run_dir: str | os.PathLike) -> Path | None:
         acc_ax.set(xlabel=label, ylabel="accuracy", ylim=(0, 1))
         acc_ax.grid(alpha=0.3)
         loss_ax.grid(alpha=0.3)
-    path = Path(run_dir) / CURVES_NAME
+    return save_figure(fig, Path(run_dir) / CURVES_NAME)
+
+
+def save_figure(fig, path: str | os.PathLike, *, overwrite: bool = True) -> Path:
+    """`fig` as a PNG at `path`, written through replacing_path (no half-written file, no link
+    at the name followed), and closed whatever happens; the run's curves, its timeline and
+    eval's confusion matrix all go this way."""
+    import matplotlib.pyplot as plt
+    path = Path(path)
     try:
-        with replacing_path(path) as tmp:
+        with replacing_path(path, overwrite=overwrite) as tmp:
             fig.savefig(tmp, dpi=90)
     finally:
         plt.close(fig)

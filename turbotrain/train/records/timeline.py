@@ -12,9 +12,8 @@ from __future__ import annotations
 from array import array
 from pathlib import Path
 
-from turbotrain.datasets.safe_create import replacing_path
-
 from .profiling import StepTime
+from .report import save_figure
 
 TIMELINE_NAME = "timeline.png"
 MAX_POINTS = 4096  # buckets kept; ~2x a figure's pixel width, so merging is never visible
@@ -98,10 +97,4 @@ class StepTimeline:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
-        path = Path(path)
-        try:
-            with replacing_path(path) as tmp:
-                fig.savefig(tmp, dpi=90)
-        finally:
-            plt.close(fig)
-        return path
+        return save_figure(fig, path)

@@ -28,13 +28,14 @@ import numpy as np
 import torch
 
 from turbotrain.datasets.object_store import is_url, shown_url
-from turbotrain.datasets.safe_create import existing_refusal, replacing_path, write_file
+from turbotrain.datasets.safe_create import existing_refusal, write_file
 from turbotrain.pipeline import pipeline_names
 from turbotrain.printable import printable
 
 from ..engine.data import open_pipeline, open_split
 from ..errors import TrainError
 from ..plan.facts import jpeg_fraction
+from ..records.report import save_figure
 from .inference import (LoadedModel, add_model_arguments, apply_thread_plan, at_least, describe,
                         load_model, run_command)
 
@@ -258,12 +259,7 @@ def plot_confusion(matrix: np.ndarray, classes, path: Path, *, overwrite: bool =
                     ax.text(j, i, str(matrix[i, j]), ha="center", va="center", fontsize=7,
                             color="white" if share[i, j] > 0.5 else "black")
     ax.set(xlabel="predicted class", ylabel="true class", title=title)
-    try:
-        with replacing_path(path, overwrite=overwrite) as tmp:
-            fig.savefig(tmp, dpi=90)
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path, overwrite=overwrite)
 
 
 def _short(name: str, width: int = 18) -> str:
