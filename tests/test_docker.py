@@ -285,7 +285,7 @@ def test_entrypoint_is_turbotrain_as_a_non_root_user():
     last = {i.keyword: i.args for i in final}  # the last of each keyword wins, as in Docker
     assert json.loads(last["ENTRYPOINT"]) == ["turbotrain"]
     assert json.loads(last["CMD"]) == ["--help"]
-    assert read_pyproject()["project"]["scripts"]["turbotrain"] == "turbotrain.cli:main"
+    assert read_pyproject()["project"]["scripts"]["turbotrain"] == "turbotrain.cli:console_main"
     user = last.get("USER", "root").split(":")[0]
     assert user not in ("root", "0"), f"the image runs as {user}"
     assert any(i.keyword == "RUN" and "useradd" in i.args for i in final)

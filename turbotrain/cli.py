@@ -23,6 +23,7 @@ from .datasets.format import SMALL_IMAGE_MAX_SIDE
 from .datasets.reader import DatasetError
 from .datasets.untrusted import Limits
 from .printable import printable
+from .process_end import run_as_process
 
 EXIT_USAGE = 2
 
@@ -304,5 +305,19 @@ def train_main(argv: list[str] | None = None) -> int:
     return main(["train", *(sys.argv[1:] if argv is None else argv)])
 
 
+def console_main() -> None:
+    """`turbotrain ...` (the console script; `python -m turbotrain` too): main, then the end
+    process_end.py gives a process that read a URL."""
+    run_as_process(main)
+
+
+def console_prepare_dataset() -> None:
+    run_as_process(prepare_dataset_main)
+
+
+def console_train() -> None:
+    run_as_process(train_main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

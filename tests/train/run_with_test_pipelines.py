@@ -4,6 +4,7 @@ import sys
 
 from tests.train import memory_pipeline  # noqa: F401  (registers test-memory and test-slow)
 from turbotrain.cli import main
+from turbotrain.process_end import run_as_process
 
 if __name__ == "__main__":
-    sys.exit(main(["train", *sys.argv[1:]]))
+    run_as_process(main, ["train", *sys.argv[1:]])

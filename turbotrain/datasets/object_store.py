@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -214,7 +215,8 @@ class Store:
         except subprocess.TimeoutExpired:
             raise deadline.missed(self.shown(args[1]), 0) from None
         if done.returncode != 0:
-            raise DatasetError((done.stderr.strip().splitlines() or ["download failed"])[-1])
+            lines = done.stderr.strip().splitlines()
+            raise DatasetError(lines[-1] if lines else _ended(done, self.shown(args[1])))
         return done.stdout.strip()
 
     def _retrying(self, name: str, deadline: Deadline, request):
@@ -228,6 +230,16 @@ class Store:
                     raise DatasetError(f"{e} (failed {ATTEMPTS} times); check the network "
                                        f"and retry") from None
                 _pause(BACKOFF_S * 2 ** failures, deadline, self.shown(name), 0, e)
+
+
+def _ended(done: subprocess.CompletedProcess, shown: str) -> str:
+    """The line for a download process that failed without a word: its status or signal."""
+    code = done.returncode
+    try:
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+    except ValueError:  # a signal number Python has no name for
+        how = f"was killed by signal {-code}"
+    return f"{shown}: the process reading it for this forked process {how}, saying nothing"
 
 
 def _pause(pause: float, deadline: Deadline, shown: str, received: int,
@@ -283,6 +295,11 @@ def _obstore(url: str):
 
 # The process that started obstore's (tokio) runtime: not fork-safe, see _in_fresh_process.
 _RUNTIME_PID: int | None = None
+
+
+def runtime_started_here() -> bool:
+    """Whether this process started obstore's runtime (process_end.py: it must not finalize)."""
+    return _RUNTIME_PID == os.getpid()
 
 
 def forked_after_use() -> bool:
@@ -375,4 +392,8 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    # The imported module's _main, not this __main__ copy's: process_end reads the runtime's
+    # owner from turbotrain.datasets.object_store.
+    from turbotrain.datasets import object_store
+    from turbotrain.process_end import run_as_process
+    run_as_process(object_store._main, sys.argv[1:])
