@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml scripts/build_pillow_simd.py
 	# FFCV's setup.py imports numpy and pkg-config at build time: build it against the venv's numpy.
 	$(PIP) install -q numpy
 	$(PIP) install -q --no-build-isolation "ffcv==1.0.2" || echo "warning: FFCV did not build; --pipeline ffcv will be unavailable"
-	$(PIP) install -q -e ".[dali,ffcv,export,timm,remote,hf,lightning,dev]"
+	$(PIP) install -q -e ".[dali,ffcv,export,timm,tensorboard,remote,hf,lightning,dev]"
 	# Last, after every line that can pull pillow in: pillow-simd built under the name pillow, so
 	# later pip installs keep it (~1.8x faster PIL decode + resize); a one-line note and pillow
 	# when it cannot build. A rerun reuses the wheel cached in $(VENV)/pillow-simd/.

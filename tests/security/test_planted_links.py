@@ -14,6 +14,7 @@ import pytest
 from tests.train.tiny_data import write_tiny_dataset
 
 from .confined import REPO, run_json_script
+from .planting_child import VICTIM_TEXT
 from .train_child import ADDRESS_SPACE_LIMIT, PEAK_RSS_LIMIT
 
 pytestmark = pytest.mark.timeout(240)
@@ -40,10 +41,12 @@ def test_no_writer_follows_a_planted_link(case, dataset, tmp_path):
 # What creates or opens a file for writing. Outside safe_create.py each is a finding, unless
 # listed below with the reason it is safe.
 _WRITERS = re.compile(r"""open\([^)]*["'][wax]b?\+?["']|\.write_text\(|\.write_bytes\("""
-                      r"""|os\.O_CREAT|os\.O_WRONLY|os\.O_RDWR|shutil\.copy|\.touch\(""")
+                      r"""|os\.O_CREAT|os\.O_WRONLY|os\.O_RDWR|shutil\.copy|\.touch\("""
+                      # reopens its event file by name on every flush (tensorboard_events.py)
+                      r"""|SummaryWriter\(""")
 _ALLOWED = {
-    # flock files: O_CREAT | O_NOFOLLOW, never written (shard_cache._open_lock)
-    "turbotrain/datasets/shard_cache.py": "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW",
+    # flock files: O_CREAT | O_NOFOLLOW, never written (cache_locks.open_lock)
+    "turbotrain/datasets/cache_locks.py": "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW",
 }
 
 
@@ -59,3 +62,23 @@ def test_only_safe_create_creates_files():
                 found.append(f"{rel}:{number}: {line.strip()}")
     assert found == [], "create files through turbotrain/datasets/safe_create.py:\n" + \
         "\n".join(found)
+
+
+def test_a_link_put_over_the_event_file_mid_run_is_never_written_through(tmp_path):
+    """TensorBoard's own writer opens its event file again by name at every flush: whoever can
+    write into the run folder sees the name once it exists, puts a link there, and the next
+    flush appends to the victim. Ours writes through the descriptor it created."""
+    from turbotrain.train.records import report
+    victim = tmp_path / "victim"
+    victim.write_text(VICTIM_TEXT)
+    run = tmp_path / "run"
+    run.mkdir()
+    log = report.MetricsLog(run, tensorboard=True)
+    log.write({"kind": "step", "epoch": 0, "step": 1, "loss": 1.0})
+    [events] = (run / "tensorboard").iterdir()
+    events.unlink()
+    events.symlink_to(victim)
+    for step in range(2, 40):
+        log.write({"kind": "step", "epoch": 0, "step": step, "loss": 1.0 / step})
+    log.close()
+    assert victim.read_text() == VICTIM_TEXT

@@ -35,7 +35,9 @@ class BetonFile:
         except OSError as e:
             raise self._fail(f"cannot open ({e.strerror or e})") from None
         with f:  # the map keeps its own reference to the file; ours can close
-            self.file_size = os.fstat(f.fileno()).st_size
+            # What was opened (the shard cache checks it is what it downloaded).
+            self.opened = os.fstat(f.fileno())
+            self.file_size = self.opened.st_size
             if self.file_size < fmt.HEADER_DTYPE.itemsize:
                 raise self._fail(f"not a dataset (only {self.file_size} bytes)")
             try:

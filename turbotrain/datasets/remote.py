@@ -147,6 +147,15 @@ class RemoteShard:
                                     on_release=lambda: reader.let_go(self.index))
         try:
             beton = BetonFile(path)
+        except DatasetError as e:
+            reader.cache.release(self.key)
+            raise DatasetError(str(e).replace(printable(path), shown)) from None
+        if not reader.cache.unchanged(path, beton.opened):
+            reader.cache.release(self.key)
+            raise DatasetError(f"{printable(path)}: replaced or changed between the cache "
+                               f"finding it and its opening: someone else writes into "
+                               f"--cache-dir; give this run a folder of its own")
+        try:
             self._check_index(beton)
         except DatasetError as e:
             reader.cache.release(self.key)

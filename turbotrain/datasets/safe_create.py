@@ -8,7 +8,7 @@ writes is made by one of these few functions (docs/SECURITY.md):
 * `create_new(path)`: `O_CREAT | O_EXCL | O_NOFOLLOW`: a new file or FileExistsError; a symlink,
   even a dangling one, is never followed;
 * `create_unique(folder, prefix, suffix)`: the same under a fresh random name (mkstemp's idea,
-  with our names and the usual permissions);
+  with our names and the usual permissions); `new_unique_file` gives it as a file object;
 * `replacing(path)`: a file object for writing `path` whole: written under a fresh name in
   the same folder and renamed onto `path` when the block succeeds, so a reader never sees half
   a file and a link at `path` is replaced, never written through. `overwrite=False` refuses an
@@ -50,6 +50,13 @@ def create_unique(folder: str | os.PathLike, prefix: str, suffix: str = "",
         except FileExistsError:
             continue  # 2**64 names: only someone trying could collide, and not 100 times
     raise FileExistsError(errno.EEXIST, "no free temporary name", str(folder))
+
+
+def new_unique_file(folder: str | os.PathLike, prefix: str, suffix: str = ""):
+    """(binary file object, path) of a new file from `create_unique`, for a writer that keeps
+    its file open and writes through it (TensorBoard's event file)."""
+    fd, path = create_unique(folder, prefix, suffix)
+    return os.fdopen(fd, "wb"), path
 
 
 def install(tmp: Path, path: Path, *, overwrite: bool) -> None:

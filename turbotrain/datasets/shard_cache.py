@@ -9,10 +9,12 @@ part: `<key>.<16 hex digits>.beton`.
   under a computable name are never opened, written, counted or deleted. A download is a new
   file (`safe_create.create_unique`: O_EXCL | O_NOFOLLOW under a fresh name), sized to the
   whole shard up front (so the folder's total counts it from its first byte), recorded as
-  incomplete, written through the descriptor, checked by its caller, then recorded as complete:
-  a killed download never leaves a file the cache would read;
+  incomplete, written through the descriptor, checked by its caller, made read-only, then
+  recorded as complete with its ctime: a killed download never leaves a file the cache would
+  read, and a shard changed in place since (its ctime moved) is deleted and downloaded again;
 * the total of its files stays <= limit_bytes: before a download, the least-recently-used shards
-  (file mtime, touched on every use) that no process holds are deleted. A shard larger than the
+  (the mtime of their `.use` lock, touched on every use: touching the shard would move its
+  ctime) that no process holds are deleted. A shard larger than the
   limit is one clear error naming --cache-limit;
 * processes (ranks, DataLoader workers) share the folder through `fcntl.flock` locks in
   `.locks/`: `<key>.dl` (exclusive while one process downloads; a second waits for it, then
@@ -26,11 +28,11 @@ part: `<key>.<16 hex digits>.beton`.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
-import stat
 import hashlib
 import os
+import stat
+import sys
 import threading
 import time
 import weakref
@@ -41,6 +43,7 @@ from typing import BinaryIO
 from turbotrain.printable import printable
 
 from .cache_journal import Journal, Made, key_is_valid
+from .cache_locks import flock, is_held, open_lock
 from .reader import DatasetError
 from .safe_create import create_unique
 
@@ -58,28 +61,6 @@ def shown_size(nbytes: int) -> str:
 def cache_key(url: str, sha256: str | None) -> str:
     """The file name stem of a shard: its URL and content hash, so nothing else matches it."""
     return hashlib.sha256(f"{url}\n{sha256 or ''}".encode()).hexdigest()[:40]
-
-
-def _open_lock(path: Path) -> int:
-    """A lock file's descriptor; O_NOFOLLOW: a symlink planted there would make O_CREAT create
-    the file it points to, wherever that is."""
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
-                       0o644)
-    except OSError as e:
-        raise DatasetError(f"{printable(path)}: cannot use it as a lock file ("
-                           f"{'a symlink' if e.errno == errno.ELOOP else e.strerror or e}); "
-                           f"remove it, or pass another --cache-dir") from None
-
-
-@contextlib.contextmanager
-def _flock(path: Path, mode: int):
-    fd = _open_lock(path)
-    try:
-        fcntl.flock(fd, mode)
-        yield fd
-    finally:
-        os.close(fd)  # closing the descriptor drops its lock
 
 
 class _Held:
@@ -145,7 +126,7 @@ class ShardCache:
         try:
             path = self._present(key, nbytes)
             if path is None:
-                with _flock(self._lock_path(key, "dl"), fcntl.LOCK_EX):
+                with flock(self._lock_path(key, "dl"), fcntl.LOCK_EX):
                     # Another process may have downloaded it while we waited for its lock.
                     path = self._present(key, nbytes)
                     if path is None:
@@ -154,9 +135,7 @@ class ShardCache:
                             if made:
                                 self.release(key)
                             return None
-            with contextlib.suppress(OSError):
-                # least recently used = oldest mtime; never through a link
-                os.utime(path, follow_symlinks=False)
+            self._touch(key)
             return path
         except BaseException:
             if made:
@@ -183,17 +162,59 @@ class ShardCache:
         with self._lock:
             return key in self._held
 
+    def unchanged(self, path: Path, info: os.stat_result) -> bool:
+        """Whether info (an fstat of the file a reader opened at `path`, which acquire gave)
+        is that shard as its checked download left it: a name swapped or a file changed
+        between acquire and the open is caught here."""
+        made = self.journal.read().get(Path(path).name)
+        return made is not None and Path(path).parent == self.dir and Journal.unchanged(made, info)
+
+    # -- what `turbotrain cache` shows and clears ---------------------------------------------
+    def contents(self) -> tuple[list[tuple[Made, bool]], list[Path]]:
+        """(the cache's own files, each with whether a process holds it now; every other name
+        in the folder: never read, counted or deleted by the cache)."""
+        ours = [(made, is_held(self._lock_path(made.key, "use" if made.complete else "dl")))
+                for made in self.journal.read().values() if self.journal.intact(made)]
+        names = {made.name for made, _ in ours} | {LOCKS}
+        return ours, sorted(p for p in self.dir.iterdir() if p.name not in names)
+
+    def clear(self) -> tuple[int, int]:
+        """Deletes every file of the cache's that no process holds: (files, bytes) deleted."""
+        with flock(self.dir / LOCKS / "cache.lock", fcntl.LOCK_EX):
+            entries = self.journal.read()
+            deleted = [made for made, _ in self._entries(entries) if self._evict(made)]
+            for made in deleted:
+                del entries[made.name]
+            self.journal.write(entries)
+        return len(deleted), sum(made.bytes for made in deleted)
+
     # -- internals ----------------------------------------------------------------------------
     def _lock_path(self, key: str, kind: str) -> Path:
         return self.dir / LOCKS / f"{key}.{kind}"
 
     def _present(self, key: str, nbytes: int) -> Path | None:
-        """A complete shard `key` of nbytes that the cache made and that is still its file."""
+        """A complete shard `key` of nbytes that the cache made, still as it was checked."""
         for made in self.journal.read().values():
-            if made.key == key and made.complete and made.bytes == nbytes \
-                    and self.journal.intact(made):
-                return self.dir / made.name
+            if made.key == key and made.bytes == nbytes:
+                info = self.journal.intact(made)
+                if info is not None and Journal.unchanged(made, info):
+                    return self.dir / made.name
         return None
+
+    def _touch(self, key: str) -> None:
+        """Marks shard key used now: the mtime of its `.use` lock (least recently used =
+        oldest), set through the descriptor we hold, so never through a link."""
+        with self._lock:
+            held = self._held.get(key)
+        if held is not None:
+            with contextlib.suppress(OSError):
+                os.utime(held.fd)
+
+    def _last_use(self, key: str) -> float:
+        try:
+            return os.lstat(self._lock_path(key, "use")).st_mtime
+        except OSError:
+            return 0.0
 
     def _hold(self, key: str, on_release: Callable[[], None] | None) -> bool:
         """Holds shard key (a shared `.use` lock); False if this process already held it."""
@@ -203,7 +224,7 @@ class ShardCache:
                 held.touched = time.monotonic()
                 held.on_release = on_release or held.on_release
                 return False
-        fd = _open_lock(self._lock_path(key, "use"))
+        fd = open_lock(self._lock_path(key, "use"))
         # Blocks only while another process evicts this shard (a moment): then we download it.
         fcntl.flock(fd, fcntl.LOCK_SH)
         with self._lock:
@@ -220,10 +241,10 @@ class ShardCache:
         complete. None when there is no room and wait is False."""
         deadline = time.monotonic() + WAIT_FOR_ROOM_S
         while True:
-            with _flock(self.dir / LOCKS / "cache.lock", fcntl.LOCK_EX):
+            with flock(self.dir / LOCKS / "cache.lock", fcntl.LOCK_EX):
                 entries = self.journal.read()
                 known = set(entries)
-                self._remove_killed_downloads(key, entries)
+                self._remove_unusable(key, entries)
                 # A prefetch only takes room nobody holds: letting go of this process's shards
                 # could drop one its reader is still in (a window of the quasi-random order).
                 room = self._make_room(entries, nbytes, exclude=key, may_let_go=wait)
@@ -251,7 +272,10 @@ class ShardCache:
         try:
             with os.fdopen(fd, "r+b") as f:
                 download(f)
-            self._change(made.name, complete=True)
+                f.flush()
+                os.fchmod(f.fileno(), 0o444)  # nobody writes a checked shard, by mistake either
+                checked = os.fstat(f.fileno()).st_ctime_ns
+            self._change(made.name, complete=True, ctime_ns=checked)
         except BaseException:
             if self.journal.intact(made):
                 with contextlib.suppress(OSError):
@@ -263,15 +287,25 @@ class ShardCache:
                 self._downloading.discard(key)
         return self.dir / made.name
 
-    def _remove_killed_downloads(self, key: str, entries: dict[str, Made]) -> None:
-        """Incomplete files of shard key: we hold its `.dl` lock, so each is the part of a
-        download that was killed; removed (while still the cache's own) and forgotten."""
+    def _remove_unusable(self, key: str, entries: dict[str, Made]) -> None:
+        """Files of shard key that cannot be read (we hold its `.dl` lock, so an incomplete one
+        is the part of a download that was killed; a complete one was changed since it was
+        checked, or predates the ctime record): removed while still the cache's own, and
+        forgotten."""
         for name, made in list(entries.items()):
-            if made.key == key and not made.complete:
-                if self.journal.intact(made):
-                    with contextlib.suppress(OSError):
-                        os.unlink(self.dir / name)
-                del entries[name]
+            if made.key != key:
+                continue
+            info = self.journal.intact(made)
+            if made.complete and info is not None and Journal.unchanged(made, info):
+                continue
+            if info is not None:
+                if made.complete and made.ctime_ns:
+                    print(f"turbotrain: {printable(self.dir / name)} changed since the cache "
+                          f"downloaded and checked it; deleting it and downloading it again "
+                          f"(does someone else write into --cache-dir?)", file=sys.stderr)
+                with contextlib.suppress(OSError):
+                    os.unlink(self.dir / name)
+            del entries[name]
 
     def _create(self, key: str, nbytes: int, entries: dict[str, Made]) -> tuple[Made, int]:
         """A new file for shard key, sized (inside cache.lock: every other process now counts
@@ -291,18 +325,19 @@ class ShardCache:
         entries[made.name] = made
         return made, fd
 
-    def _change(self, name: str, complete: bool | None) -> None:
-        """Records file `name` as complete, or (None) forgets it."""
-        with _flock(self.dir / LOCKS / "cache.lock", fcntl.LOCK_EX):
+    def _change(self, name: str, complete: bool | None, ctime_ns: int = 0) -> None:
+        """Records file `name` as complete (with its ctime once checked), or (None) forgets
+        it."""
+        with flock(self.dir / LOCKS / "cache.lock", fcntl.LOCK_EX):
             entries = self.journal.read()
             if complete is None:
                 entries.pop(name, None)
             elif name in entries:
-                entries[name].complete = complete
+                entries[name].complete, entries[name].ctime_ns = complete, ctime_ns
             self.journal.write(entries)
 
     def _entries(self, entries: dict[str, Made]) -> list[tuple[Made, float]]:
-        """(file, mtime) of every file the journal lists that is still the cache's own; the
+        """(file, last use) of every file the journal lists that is still the cache's own; the
         entries of files removed or replaced by someone else are dropped (nothing is deleted:
         what is there now is not ours)."""
         found = []
@@ -311,7 +346,7 @@ class ShardCache:
             if info is None:
                 del entries[name]
             else:
-                found.append((made, info.st_mtime))
+                found.append((made, self._last_use(made.key)))
         return found
 
     def _make_room(self, entries: dict[str, Made], nbytes: int, exclude: str,
@@ -338,7 +373,7 @@ class ShardCache:
 
     def _evict(self, made: Made) -> bool:
         """Deletes a shard (or the part of a killed download) that no process holds."""
-        fd = _open_lock(self._lock_path(made.key, "use" if made.complete else "dl"))
+        fd = open_lock(self._lock_path(made.key, "use" if made.complete else "dl"))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

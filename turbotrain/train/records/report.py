@@ -12,6 +12,9 @@ import os
 from pathlib import Path
 
 from turbotrain.datasets.safe_create import open_append, replacing_path, write_file
+from turbotrain.printable import printable
+
+from .tensorboard_events import EventFile, TensorBoardUnavailable
 
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"
@@ -69,12 +72,10 @@ class MetricsLog:
 
 def _tensorboard_writer(run_dir):
     try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        print("train: --tensorboard: tensorboard is not installed (pip install tensorboard); "
-              "writing metrics.jsonl only")
+        return EventFile(run_dir)
+    except TensorBoardUnavailable as e:
+        print(f"train: --tensorboard: {printable(str(e))}; writing metrics.jsonl only")
         return None
-    return SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
