@@ -13,7 +13,7 @@ NATIVE_SOURCES := setup.py $(wildcard turbotrain/pipeline/csrc/*.c turbotrain/pi
 APT_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev libgl1 libglib2.0-0 dataset-fashion-mnist \
 	libjpeg-dev zlib1g-dev libwebp-dev libtiff-dev
 
-.PHONY: install demo test bench gpu-check apt-deps clean
+.PHONY: install demo test bench gpu-check bf16-probe apt-deps clean
 
 install: $(STAMP) $(NATIVE_STAMP)
 
@@ -80,6 +80,11 @@ bench: install
 GPU_PY := $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 gpu-check:
 	$(GPU_PY) bench/gpu_check.py --all $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE))
+
+# On a CPU with native bf16 (the GPU machine's Xeon): how often the bf16 step goes non-finite,
+# under which oneDNN ISA, and in which module (issue 22; bench/bf16_probe.py, ~2 minutes there).
+bf16-probe:
+	$(GPU_PY) bench/bf16_probe.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache turbotrain/pipeline/_native*.so

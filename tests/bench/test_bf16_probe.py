@@ -1,0 +1,28 @@
+"""bench/bf16_probe.py's direct step runs and reports what it checks (on this CPU, without
+native bf16, the step is finite: the answer the probe expects here)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import bf16_probe  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_the_direct_step_is_finite_here_and_names_the_first_module_that_is_not(tmp_path):
+    from safetensors.torch import load_file, save_file
+    _, _, weights = bf16_probe.write_inputs(tmp_path)
+    result = bf16_probe.step_run(weights, 0, bf16_probe.VARIANTS["full ISA"])
+    assert result == {"finite": True, "first_forward": [], "bad_grads": []}, result
+    state = load_file(weights)
+    state["layer2.0.conv1.weight"][0, 0, 0, 0] = float("inf")
+    poisoned = tmp_path / "poisoned.safetensors"
+    save_file(state, str(poisoned))
+    result = bf16_probe.step_run(poisoned, 0, bf16_probe.VARIANTS["oneDNN off"])
+    assert not result["finite"] and result["first_forward"] == ["layer2.0.conv1"], result
+    assert result["bad_grads"], result
