@@ -191,10 +191,10 @@ def run_merge(args: argparse.Namespace) -> int:
 def run_cache(args: argparse.Namespace) -> int:
     # lazy: each command's modules load when it runs: `turbotrain --help` stays at 0.15 s
     from .datasets.remote import cache_settings
-    from .datasets.shard_cache import ShardCache, shown_size
+    from .datasets.shard_cache import LOCKS, ShardCache, shown_size
     try:
         folder, limit = cache_settings(args.cache_dir, args.cache_limit)
-        if not folder.is_dir():
+        if not (folder / LOCKS).is_dir():  # never made by the cache: nothing is created
             print(f"{printable(folder)}: no shard cache there (nothing was downloaded into it)")
             return 0
         cache = ShardCache(folder, limit)

@@ -245,6 +245,10 @@ def test_the_cache_command_reports_and_clears_only_the_caches_own_files(tmp_path
     cache.release("b")
     assert _cache_command("--cache-dir", folder, "--clear").stdout.startswith(
         "deleted 1 file(s)")
-    assert _cache_command("--cache-dir", tmp_path / "nowhere").stdout.endswith(
-        "no shard cache there (nothing was downloaded into it)\n")
+    for nowhere in (tmp_path / "nowhere", tmp_path / "a-folder-of-mine"):
+        if nowhere.name == "a-folder-of-mine":
+            nowhere.mkdir()
+        assert _cache_command("--cache-dir", nowhere).stdout.endswith(
+            "no shard cache there (nothing was downloaded into it)\n")
     assert not (tmp_path / "nowhere").exists()
+    assert list((tmp_path / "a-folder-of-mine").iterdir()) == []  # no .locks made there
