@@ -1,5 +1,6 @@
-"""bench/bf16_probe.py's direct step runs and reports what it checks (on this CPU, without
-native bf16, the step is finite: the answer the probe expects here)."""
+"""bench/bf16_probe.py's direct step runs and finds what it looks for: weights with one inf
+make the step non-finite, and the probe names the module where it began (a finite step is
+what `python bench/bf16_probe.py` shows on this CPU, without native bf16)."""
 from __future__ import annotations
 
 import sys
@@ -14,11 +15,9 @@ import bf16_probe  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_the_direct_step_is_finite_here_and_names_the_first_module_that_is_not(tmp_path):
+def test_the_direct_step_names_the_first_module_that_is_not_finite(tmp_path):
     from safetensors.torch import load_file, save_file
     _, _, weights = bf16_probe.write_inputs(tmp_path)
-    result = bf16_probe.step_run(weights, 0, bf16_probe.VARIANTS["full ISA"])
-    assert result == {"finite": True, "first_forward": [], "bad_grads": []}, result
     state = load_file(weights)
     state["layer2.0.conv1.weight"][0, 0, 0, 0] = float("inf")
     poisoned = tmp_path / "poisoned.safetensors"
