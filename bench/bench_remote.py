@@ -296,4 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # A child that read through obstore ends before finalizing, or its runtime can abort it
+    # after its result line (turbotrain/process_end.py): a round would fail for nothing.
+    from turbotrain.process_end import run_as_process
+    run_as_process(main)
