@@ -41,4 +41,4 @@ def pytest_unconfigure(config):
     (turbotrain/process_end.py) and turn a green run red."""
     from turbotrain import process_end
     if _EXIT_STATUS and process_end.obstore_ran_here():
-        process_end._exit_before_finalizing(_EXIT_STATUS[-1])
+        process_end.exit_before_finalizing(_EXIT_STATUS[-1])

@@ -137,7 +137,7 @@ def test_the_download_process_of_a_fork_ends_before_finalizing(server, tmp_path)
         import runpy, sys
         import turbotrain.process_end as end
         seen = []
-        end._exit_before_finalizing = lambda status: (seen.append(status),
+        end.exit_before_finalizing = lambda status: (seen.append(status),
                                                       print("ended early", status), exit(status))
         sys.argv = ["object_store", *sys.argv[1:]]
         runpy.run_module("turbotrain.datasets.object_store", run_name="__main__")

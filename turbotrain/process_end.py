@@ -39,7 +39,7 @@ def run_as_process(function: Callable[..., object], *args) -> NoReturn:
         code = e.code
     status = exit_status(code)
     if obstore_ran_here():
-        _exit_before_finalizing(status)
+        exit_before_finalizing(status)
     sys.exit(status)
 
 
@@ -61,7 +61,7 @@ def obstore_ran_here() -> bool:
     return store is not None and store.runtime_started_here()
 
 
-def _exit_before_finalizing(status: int) -> NoReturn:
+def exit_before_finalizing(status: int) -> NoReturn:
     """What Py_FinalizeEx does before it tears the interpreter down, then _exit."""
     threading._shutdown()  # joins the non-daemon threads, as the interpreter's exit would
     atexit._run_exitfuncs()

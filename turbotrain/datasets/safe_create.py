@@ -16,7 +16,8 @@ writes is made by one of these few functions (docs/SECURITY.md):
 * `replacing_path(path)`: the same for a library that writes by file name (matplotlib,
   safetensors, torch.onnx, torch.jit): it writes into a private folder of ours (mkdtemp, 0700)
   beside `path`, where nobody else can plant anything;
-* `open_append(path)`: append to our own file (metrics.jsonl), refusing a link or a pipe there.
+* `open_append(path)`: append to our own file (metrics.jsonl), refusing a link or a pipe there;
+* `real_folder(path)`: a folder to write into, made if missing; a link there is refused.
 """
 from __future__ import annotations
 
@@ -139,6 +140,17 @@ def make_fresh_dir(path: str | os.PathLike) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, "no free folder name", str(path))
+
+
+def real_folder(path: str | os.PathLike, *, parents: bool = False) -> bool:
+    """Makes folder `path` if nothing is there (mkdir never follows a link); whether what is
+    there now is a real folder: False for a symlink (to a folder too), a file or anything
+    else. OSError when it cannot be made."""
+    try:
+        Path(path).mkdir(parents=parents)
+    except FileExistsError:  # ours from before, or something planted: looked at next
+        pass
+    return stat.S_ISDIR(os.lstat(path).st_mode)
 
 
 def open_append(path: str | os.PathLike, encoding: str = "utf-8"):

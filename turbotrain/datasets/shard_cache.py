@@ -31,7 +31,6 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import stat
 import sys
 import threading
 import time
@@ -45,7 +44,7 @@ from turbotrain.printable import printable
 from .cache_journal import Journal, Made, key_is_valid
 from .cache_locks import flock, is_held, open_lock
 from .reader import DatasetError
-from .safe_create import create_unique
+from .safe_create import create_unique, real_folder
 
 SHARD_SUFFIX = ".beton"
 LOCKS = ".locks"
@@ -79,8 +78,7 @@ class ShardCache:
         self.limit = int(limit_bytes)
         locks = self.dir / LOCKS
         try:
-            locks.mkdir(parents=True, exist_ok=True)
-            is_folder = stat.S_ISDIR(os.lstat(locks).st_mode)
+            is_folder = real_folder(locks, parents=True)
         except OSError as e:
             raise DatasetError(f"--cache-dir {printable(self.dir)}: cannot create it "
                                f"({e.strerror or e}); pass another --cache-dir") from None
@@ -296,7 +294,7 @@ class ShardCache:
             if made.key != key:
                 continue
             info = self.journal.intact(made)
-            if made.complete and info is not None and Journal.unchanged(made, info):
+            if info is not None and Journal.unchanged(made, info):
                 continue
             if info is not None:
                 if made.complete and made.ctime_ns:

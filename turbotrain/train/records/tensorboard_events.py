@@ -15,11 +15,10 @@ from __future__ import annotations
 import os
 import re
 import socket
-import stat
 import time
 from pathlib import Path
 
-from turbotrain.datasets.safe_create import new_unique_file
+from turbotrain.datasets.safe_create import new_unique_file, real_folder
 
 FOLDER = "tensorboard"
 
@@ -64,11 +63,7 @@ class EventFile:
 def _real_folder(folder: Path) -> Path:
     """RUN/tensorboard, made if missing; a link or anything else there is refused."""
     try:
-        try:
-            folder.mkdir()
-        except FileExistsError:  # a resumed run's folder, or something planted: looked at next
-            pass
-        is_folder = stat.S_ISDIR(os.lstat(folder).st_mode)
+        is_folder = real_folder(folder)
     except OSError as e:
         raise TensorBoardUnavailable(f"cannot create {folder} ({e.strerror or e})") from None
     if not is_folder:
