@@ -301,7 +301,7 @@ COMMANDS = {
                lambda: (_add_inspect_arguments, run_verify)),
     "merge": ("check the parts of a `prepare --part i/N` conversion and write dataset.json",
               lambda: (_add_merge_arguments, run_merge)),
-    "cache": ("what the shard cache of --data URLs holds; --clear empties it",
+    "cache": ("what the shard cache of --data URLs holds; --clear deletes what no run holds",
               lambda: (_add_cache_arguments, run_cache)),
     "train": ("train a model on a prepared dataset", _train_command),
     "bench": ("images/s of each pipeline on a prepared dataset", _bench_command),
