@@ -22,6 +22,7 @@ from . import __version__
 from .datasets.format import SMALL_IMAGE_MAX_SIDE
 from .datasets.reader import DatasetError
 from .datasets.untrusted import Limits
+from .os_failure import reporting
 from .printable import printable
 from .process_end import run_as_process
 
@@ -339,14 +340,20 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     command = ALIASES.get(command, command)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
-    return args.run(args)
+    return reporting(command_prog(args.command), args.run, args)
+
+
+def command_prog(command: str) -> str:
+    """The name a command's error lines start with (as its own `_fail` calls say it)."""
+    command = ALIASES.get(command, command)
+    return {"prepare": "prepare-dataset", "train": "train"}.get(command, f"turbotrain {command}")
 
 
 def prepare_dataset_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prepare-dataset",
                                      description="Convert a raw image dataset into .beton files.")
     add_prepare_arguments(parser)
-    return run_prepare(parser.parse_args(argv))
+    return reporting("prepare-dataset", run_prepare, parser.parse_args(argv))
 
 
 def train_main(argv: list[str] | None = None) -> int:

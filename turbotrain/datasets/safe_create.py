@@ -17,7 +17,9 @@ writes is made by one of these few functions (docs/SECURITY.md):
   safetensors, torch.onnx, torch.jit): it writes into a private folder of ours (mkdtemp, 0700)
   beside `path`, where nobody else can plant anything;
 * `open_append(path)`: append to our own file (metrics.jsonl), refusing a link or a pipe there;
-* `real_folder(path)`: a folder to write into, made if missing; a link there is refused.
+* `real_folder(path)`: a folder to write into, made if missing; a link there is refused;
+* `open_lock_file(path)`: a lock file (folder_lock.py), made if missing, kept if there, and
+  written by its holder only when it is a regular file with no other name.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
+
+from ..os_failure import writing
 
 _NEW = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 # What open() gives a new file: 0o666, less the umask.
@@ -92,14 +96,16 @@ def replacing(path: str | os.PathLike, mode: str = "w", *, overwrite: bool = Tru
     path = Path(path)
     fd, tmp = create_unique(path.parent, f".{path.name}.", ".tmp")
     try:
-        binary = "b" in mode
-        with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else encoding,
-                       newline=newline) as f:
-            yield f
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        install(tmp, path, overwrite=overwrite)
+        # Writes through the descriptor name no file: a full disk names `path` (os_failure.py).
+        with writing(path):
+            binary = "b" in mode
+            with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else encoding,
+                           newline=newline) as f:
+                yield f
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            install(tmp, path, overwrite=overwrite)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -162,6 +168,24 @@ def open_append(path: str | os.PathLike, encoding: str = "utf-8"):
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
         return os.fdopen(fd, "a", encoding=encoding)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_lock_file(path: str | os.PathLike) -> int:
+    """A read-write descriptor of the lock file at path, created if missing. A symlink there is
+    ELOOP (never followed), and anything but a regular file with one name is EINVAL: its holder
+    truncates it and writes its pid, and a hard link planted there would make that someone
+    else's file."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:  # 0: just removed
+            raise OSError(errno.EINVAL, "not a lock file (a pipe, a device or a hard link)",
+                          str(path))
+        return fd
     except BaseException:
         os.close(fd)
         raise

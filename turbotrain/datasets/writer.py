@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..os_failure import writing
 from . import format as fmt
 from .safe_create import replacing
 
@@ -52,13 +53,15 @@ class BetonWriter:
         # A new file under a fresh name, renamed onto path once finished (safe_create): nothing
         # planted at path is written through, and a failed write leaves no half file there.
         self._replacing = replacing(self.path, "wb")
-        self._file = self._replacing.__enter__()
+        with writing(self.path, "a .beton file"):
+            self._file = self._replacing.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         if exc_type is None:
             try:
-                self._finish()
+                with writing(self.path, "a .beton file"):
+                    self._finish()
             except BaseException as failed:
                 self._replacing.__exit__(type(failed), failed, failed.__traceback__)
                 raise
@@ -74,7 +77,8 @@ class BetonWriter:
         if max(height, width) > fmt.MAX_IMAGE_SIDE:
             raise ValueError(f"image side {max(height, width)} exceeds {fmt.MAX_IMAGE_SIDE}")
         if self._page_index < 0 or self._page_used + size > self.page_size:
-            self._flush_page()
+            with writing(self.path, "a .beton file"):
+                self._flush_page()
             self._page_index += 1
             self._page_used = 0
         offset = self._page_used
