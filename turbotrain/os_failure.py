@@ -38,18 +38,49 @@ _WRITE_ONLY = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 
 @contextlib.contextmanager
-def writing(path: str | os.PathLike, what: str | None = None):
+def writing(path: str | os.PathLike, what: str | None = None, *,
+            temporary: str | os.PathLike | None = None):
     """Names `path` (and `what`, when given) on an OSError of DISK_ERRNOS raised in the block,
-    which is re-raised; a name or a `what` already there is kept (the innermost site knows)."""
+    which is re-raised; a name or a `what` already there is kept (the innermost site knows),
+    except a name under `temporary` (our temporary file or folder), replaced by `path`.
+
+    A library that writes for us may hide the OSError: torch.save raises a RuntimeError (the
+    OSError as its context), safetensors its own error saying "No space left on device (os
+    error 28)". Inside a write site that is still the disk's refusal, so it becomes an OSError
+    raised from the library's error."""
     try:
         yield
     except OSError as exc:
         if exc.errno in DISK_ERRNOS:
-            if exc.filename is None:
-                exc.filename = os.fspath(path)
-            if what is not None and getattr(exc, "turbotrain_writing", None) is None:
-                exc.turbotrain_writing = what
+            _name(exc, path, what, temporary)
         raise
+    except Exception as exc:  # noqa: BLE001 - re-raised as it was unless the disk refused
+        code = _hidden_disk_errno(exc)
+        if code is None:
+            raise
+        failure = OSError(code, os.strerror(code), os.fspath(path))
+        _name(failure, path, what, temporary)
+        raise failure from exc
+
+
+def _name(exc: OSError, path, what: str | None, temporary) -> None:
+    if exc.filename is None or (temporary is not None and os.fspath(exc.filename).startswith(
+            os.fspath(temporary))):
+        exc.filename = os.fspath(path)
+    if what is not None and getattr(exc, "turbotrain_writing", None) is None:
+        exc.turbotrain_writing = what
+
+
+def _hidden_disk_errno(exc: BaseException) -> int | None:
+    """The errno of a full or read-only disk behind a library's own exception, if any."""
+    seen = exc.__cause__ or exc.__context__
+    if isinstance(seen, OSError) and seen.errno in DISK_ERRNOS:
+        return seen.errno
+    text = str(exc)
+    for code in DISK_ERRNOS:
+        if f"(os error {code})" in text or os.strerror(code) in text:
+            return code
+    return None
 
 
 def disk_failure(exc: BaseException) -> str | None:

@@ -97,7 +97,7 @@ def replacing(path: str | os.PathLike, mode: str = "w", *, overwrite: bool = Tru
     fd, tmp = create_unique(path.parent, f".{path.name}.", ".tmp")
     try:
         # Writes through the descriptor name no file: a full disk names `path` (os_failure.py).
-        with writing(path):
+        with writing(path, temporary=tmp):
             binary = "b" in mode
             with os.fdopen(fd, "wb" if binary else "w", encoding=None if binary else encoding,
                            newline=newline) as f:
@@ -128,8 +128,9 @@ def replacing_path(path: str | os.PathLike, *, overwrite: bool = True):
     private = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         tmp = private / path.name  # the name keeps its suffix: savefig picks the format by it
-        yield tmp
-        install(tmp, path, overwrite=overwrite)
+        with writing(path, temporary=private):  # a full disk names path, not our private copy
+            yield tmp
+            install(tmp, path, overwrite=overwrite)
     finally:
         shutil.rmtree(private, ignore_errors=True)
 

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from turbotrain.datasets.safe_create import open_append, replacing_path, write_file
+from turbotrain.os_failure import writing
 from turbotrain.printable import printable
 
 from .tensorboard_events import EventFile, TensorBoardUnavailable
@@ -55,8 +56,10 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
-        with open_append(self.path) as f:  # a link planted there is refused, not followed
-            f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        line = json.dumps({k: _clean(v) for k, v in record.items()}) + "\n"
+        # The write fails at close, through a descriptor: a full disk is named here.
+        with writing(self.path, "the metrics log"), open_append(self.path) as f:
+            f.write(line)  # a link planted at path is refused by open_append, not followed
         if self.writer is not None:
             step = record.get("step", 0)
             prefix = "train" if record.get("kind") == "step" else "val"
