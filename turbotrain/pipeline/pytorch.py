@@ -27,7 +27,7 @@ import torch
 
 from turbotrain.datasets.shards import LocalShard
 
-from . import kernel
+from . import kernel, worker_death
 from .base import PipelineError, PipelineOptions
 from .cpu_decode import ONE_CV2_THREAD, BatchDecoder, DecodeAhead
 from .ordered import OrderedPipeline
@@ -140,10 +140,28 @@ class _ProcessBatches:
 
     def run(self, epoch: int, batches: list[np.ndarray], upcoming=None) -> Iterator:
         self.keys.keys = [(epoch, indices) for indices in batches]
-        for batch in self.loader:
+        iterator = iter(self.loader)
+        worker_death.watch(self)  # after iter: torch's SIGCHLD handler is set by then
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except (RuntimeError, ConnectionError, EOFError) as exc:
+                # A worker that died surfaces here as torch's RuntimeError or a broken
+                # shared-memory hand-over; anything else is not ours to translate.
+                error = worker_death.as_pipeline_error(exc, self.worker_processes)
+                if error is None:
+                    raise
+                raise error from None
             if isinstance(batch, _Failure):
                 raise PipelineError(batch.message)
             yield batch
+
+    def worker_processes(self) -> list:
+        """The live DataLoader's worker processes in worker-id order (none before the first
+        epoch or with 0 workers)."""
+        return list(getattr(getattr(self.loader, "_iterator", None), "_workers", ()))
 
     def close(self) -> None:
         iterator = getattr(self.loader, "_iterator", None)
