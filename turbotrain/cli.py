@@ -339,13 +339,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     command = ALIASES.get(command, command)
+    # Parsing too: building train's parser imports torch, which an address-space limit stops.
+    return reporting(command_prog(command), _parse_and_run, command, argv)
+
+
+def _parse_and_run(command: str | None, argv: list[str]) -> int:
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
-    return reporting(command_prog(args.command), args.run, args)
+    return args.run(args)
 
 
-def command_prog(command: str) -> str:
+def command_prog(command: str | None) -> str:
     """The name a command's error lines start with (as its own `_fail` calls say it)."""
-    command = ALIASES.get(command, command)
+    if command not in COMMANDS:
+        return "turbotrain"
     return {"prepare": "prepare-dataset", "train": "train"}.get(command, f"turbotrain {command}")
 
 

@@ -2,7 +2,7 @@
 read-only one, a folder we may not write, or an address-space limit (`ulimit -v`).
 
 Every command's top level (cli.py `main`, the console scripts) runs through `reporting`: an
-OSError whose errno is one of DISK_ERRNOS, or a MemoryError, becomes
+OSError whose errno is one of DISK_ERRNOS, or memory that ran out (`memory_failure`), becomes
 
     PROG: error: cannot write PATH (WHAT): No space left on device; free space on that disk ...
 
@@ -18,7 +18,9 @@ import errno
 import os
 import resource
 import sys
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 from .printable import printable
 
@@ -108,27 +110,73 @@ def _disk_line(exc: OSError, what: str | None) -> str:
 def address_space_limit() -> str:
     """`ulimit -v` as words: 'the address-space limit of 2.0 GiB (ulimit -v)', or 'no
     address-space limit' when there is none."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft == resource.RLIM_INFINITY:
+    soft = _address_space()
+    if soft is None:
         return "no address-space limit"
     return f"the address-space limit of {soft / 2**30:.1f} GiB (ulimit -v)"
 
 
-def memory_line(stage: str) -> str:
+def _address_space() -> int | None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def memory_line(stage: str, advice: str = "free memory") -> str:
     """The message for memory that ran out during `stage` (without `PROG: error: `)."""
-    return (f"out of memory {stage} under {address_space_limit()}; raise the limit or free "
-            f"memory, or ask for less (fewer --workers, a smaller --batch-size or --max-side)")
+    return f"out of memory {stage} under {address_space_limit()}; raise the limit, or {advice}"
+
+
+# dlopen's words when mmap of a shared library fails for want of address space (ENOMEM).
+_DLOPEN_NO_MEMORY = ("failed to map segment from shared object", "cannot allocate memory")
+# oneDNN's words when it cannot allocate a kernel's scratch memory (a CPU convolution).
+_ONEDNN_NO_MEMORY = "could not create a primitive"
+
+
+def memory_failure(exc: BaseException, prog: str) -> str | None:
+    """The stage memory ran out in, for an error that means it did, else None: a MemoryError,
+    an ImportError of a library dlopen could not map, or oneDNN's failure to create a kernel
+    under an address-space limit (without one, that error is not known to mean memory)."""
+    if isinstance(exc, MemoryError):
+        return f"in {prog}"
+    text = str(exc)
+    if isinstance(exc, ImportError) and any(words in text.lower()
+                                            for words in _DLOPEN_NO_MEMORY):
+        library = text.split(":")[0].strip()
+        package = _imported_package(exc)
+        return f"loading {library}" + (f" (importing {package})" if package else "")
+    if isinstance(exc, RuntimeError) and _ONEDNN_NO_MEMORY in text and _address_space():
+        return "in a CPU kernel (oneDNN could not create a primitive)"
+    return None
+
+
+def _imported_package(exc: BaseException) -> str | None:
+    """The installed package whose import failed (torch, cv2, matplotlib): the first frame
+    of the traceback inside site-packages names it; exc.name is only the innermost module."""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        parts = Path(frame.filename).parts
+        for marker in ("site-packages", "dist-packages"):
+            if marker in parts and parts.index(marker) + 1 < len(parts):
+                return parts[parts.index(marker) + 1].removesuffix(".py")
+    return getattr(exc, "name", None)
+
+
+# What asks for less memory, per command (the flags it has).
+MEMORY_ADVICE = {
+    "prepare-dataset": "use fewer --workers or a smaller --max-side",
+    "train": "use a smaller --batch-size or fewer --workers",
+}
 
 
 def reporting(prog: str, run: Callable[..., int], *args) -> int:
     """run(*args), with the failures above turned into one line on stderr and exit code 2."""
     try:
         return run(*args)
-    except MemoryError:
-        print(f"{prog}: error: {memory_line('in ' + prog)}", file=sys.stderr)
-        return EXIT_CODE
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a mapped failure
-        line = disk_failure(exc)
+        stage = memory_failure(exc, prog)
+        if stage is not None:
+            line = memory_line(stage, MEMORY_ADVICE.get(prog, "free memory"))
+        else:
+            line = disk_failure(exc)
         if line is None:
             raise
         print(f"{prog}: error: {printable(line)}", file=sys.stderr)

@@ -27,11 +27,12 @@ from pathlib import Path
 from turbotrain.held_setting import ONE_CV2_THREAD
 
 from ..host import available_ram
+from ..os_failure import MEMORY_ADVICE, memory_line
 from . import format as fmt
 from .dataset import DATASET_JSON, file_sha256, split_filename
 from .images import ImageError, encode_sample
-from .output_folder import (OutputFolderError, check_output, install, partial_dir,
-                            remove_stale_partials)
+from .output_folder import (OutputFolderError, check_not_overlapping, check_output, install,
+                            lock_output, partial_dir, remove_stale_partials)
 from .parts import (check_part_output, install_part, part_manifest, part_partial_dir,
                     part_shard_ids)
 from .safe_create import make_fresh_dir, write_file
@@ -49,6 +50,7 @@ CHUNK = 16
 # parent writes.
 IN_FLIGHT_PER_WORKER = 4
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PROG = "prepare-dataset"
 
 
 class PrepareError(RuntimeError):
@@ -123,6 +125,10 @@ def _encode_range(task: tuple[tuple[int, int], list | None]) -> list:
             out.append(("error", name, str(e)))
         except OSError as e:
             out.append(("error", name, f"cannot read ({e.strerror or e})"))
+        except MemoryError:
+            # This image's decoded pixels did not fit: say which one, and under what limit
+            # (--on-error skip then skips it, as an image we cannot read here).
+            out.append(("error", name, memory_line("decoding it", MEMORY_ADVICE[PROG])))
     return out
 
 
@@ -237,6 +243,17 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
 
     out = Path(out).absolute()
     _check_options(options)
+    try:  # OUT's checks below hold until the end: no other prepare-dataset writes it meanwhile
+        # (not even the lock file goes into a SOURCE that holds OUT)
+        check_not_overlapping(out, Path(source_path).expanduser().absolute())
+        lock = lock_output(out, options.part)
+    except OutputFolderError as e:
+        raise PrepareError(str(e)) from e
+    with lock:
+        return _prepare_locked(source_path, out, options)
+
+
+def _prepare_locked(source_path, out: Path, options: PrepareOptions) -> dict:
     try:
         if options.part is None:
             check_output(out, Path(source_path).expanduser().absolute(), options.overwrite)
@@ -282,7 +299,7 @@ def _prepare_whole(source, out: Path, plans: dict, options: PrepareOptions,
         if any(r.skipped for r in results):
             write_file(partial / "skipped.txt", skipped_lines(results))
         write_file(partial / DATASET_JSON, json.dumps(info, indent=2) + "\n")
-        install(partial, out)
+        install(partial, out, options.overwrite)
     return info
 
 
