@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import resource
 import sys
 import traceback
@@ -25,6 +26,9 @@ from pathlib import Path
 from .printable import printable
 
 EXIT_CODE = 2
+# The command `reporting` runs: lines written where Python cannot run (datasets/map_guard.py's
+# SIGBUS line, precomputed per mapped file) start with it.
+RUNNING_PROG = "turbotrain"
 
 # errno -> what the user can do about it.
 DISK_ERRNOS = {
@@ -128,6 +132,9 @@ def memory_line(stage: str, advice: str = "free memory") -> str:
 
 # dlopen's words when mmap of a shared library fails for want of address space (ENOMEM).
 _DLOPEN_NO_MEMORY = ("failed to map segment from shared object", "cannot allocate memory")
+# torch's CPU allocator's words when malloc fails (the RuntimeError says how much it asked).
+_TORCH_NO_MEMORY = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to "
+                              r"allocate (\d+) bytes")
 # oneDNN's words when it cannot allocate a kernel's scratch memory (a CPU convolution).
 _ONEDNN_NO_MEMORY = "could not create a primitive"
 
@@ -146,6 +153,9 @@ def memory_failure(exc: BaseException, prog: str) -> str | None:
         return f"loading {library}" + (f" (importing {package})" if package else "")
     if isinstance(exc, RuntimeError) and _ONEDNN_NO_MEMORY in text and _address_space():
         return "in a CPU kernel (oneDNN could not create a primitive)"
+    asked = _TORCH_NO_MEMORY.search(text) if isinstance(exc, RuntimeError) else None
+    if asked:
+        return f"allocating a tensor of {int(asked.group(1)) / 2**20:.1f} MiB on the CPU"
     return None
 
 
@@ -169,6 +179,8 @@ MEMORY_ADVICE = {
 
 def reporting(prog: str, run: Callable[..., int], *args) -> int:
     """run(*args), with the failures above turned into one line on stderr and exit code 2."""
+    global RUNNING_PROG
+    RUNNING_PROG = prog
     try:
         return run(*args)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a mapped failure
