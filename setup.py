@@ -12,8 +12,9 @@ NATIVE = "turbotrain/pipeline/csrc/"
 setup(ext_modules=[Extension(
     "turbotrain.pipeline._native",
     sources=[NATIVE + name for name in ("module.c", "pool.c", "sample.c", "jpeg_region.c",
-                                         "resample.c")],
-    depends=[NATIVE + name for name in ("pool.h", "sample.h", "jpeg_region.h", "resample.h")],
+                                         "resample.c", "map_guard.c")],
+    depends=[NATIVE + name for name in ("pool.h", "sample.h", "jpeg_region.h", "resample.h",
+                                        "map_guard.h")],
     libraries=["jpeg"],
     # -O3: the resampler's row loops are written to be vectorised (resample.c).
     extra_compile_args=["-O3", "-std=gnu11", "-pthread", "-Wall", "-Wextra", "-Wno-unused-parameter",

@@ -14,6 +14,7 @@ import numpy as np
 from turbotrain.printable import printable
 
 from . import format as fmt
+from .map_guard import guard
 from .untrusted import UnsafeInput, open_regular
 
 
@@ -45,6 +46,8 @@ class BetonFile:
                 self._map = np.memmap(f, dtype="<u1", mode="r", shape=(self.file_size,))
             except (OSError, ValueError) as e:
                 raise self._fail(f"cannot map the file ({e})") from e
+        # The file shrinking under the map later: one line and exit 2, not a SIGBUS death.
+        guard(self._map, self.path)
         self._read_header()
         self._read_fields()
         self._read_metadata()

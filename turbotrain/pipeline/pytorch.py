@@ -25,6 +25,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from turbotrain.datasets import map_guard
 from turbotrain.datasets.shards import LocalShard
 
 from . import kernel, worker_death
@@ -123,6 +124,8 @@ def _worker_init(_worker_id: int) -> None:
     import cv2
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
+    # torch's worker SIGBUS handler replaced ours; a shrunk .beton is reported by the parent.
+    map_guard.guard_quietly()
 
 
 class _ProcessBatches:

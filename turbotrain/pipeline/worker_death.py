@@ -16,6 +16,8 @@ import time
 import weakref
 from typing import Callable, Iterable
 
+from turbotrain.datasets import map_guard
+
 from .base import PipelineError
 
 # Why a worker gets each signal, where there is a usual cause the user can act on.
@@ -79,6 +81,12 @@ def dead_worker(processes: Iterable) -> str | None:
         ended = _ended(pid, getattr(process, "_popen", None) and process._popen.returncode)
         if ended is not None:
             signum, code = ended
+            # A worker that read past the end of a dataset file that shrank (the map guard's
+            # quiet exit, or SIGBUS where it is not built): the file is the news, not the worker.
+            if code == map_guard.QUIET_EXIT or signum == signal.SIGBUS:
+                shrunk = map_guard.shrunk_problem()
+                if shrunk is not None:
+                    return shrunk
             return describe(worker_id, pid, signum=signum, code=code)
     return None
 

@@ -7,6 +7,9 @@
  *   Worker().run(table, image_size, small, out) # the same, in the calling thread, GIL released
  *   check_headers(table)                        # None, or (position, height, width) of the
  *                                               # first JPEG whose header lies: DALI's feed
+ *   slot = guard_map(address, length, line)     # SIGBUS in that range: write line, exit 2
+ *   unguard_map(slot)                           # (map_guard.c)
+ *   guard_quietly(code)                         # in a worker: re-armed, exit `code`, silent
  *
  * `table` is a buffer of tt_sample records (SAMPLE_FIELDS gives their layout; cpu_decode builds
  * it with numpy, vectorised over the batch): where each sample's bytes are, its stored size and
@@ -18,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "map_guard.h"
 #include "pool.h"
 
 #define MAX_THREADS 1024
@@ -432,6 +436,12 @@ static PyMethodDef module_methods[] = {
     {"check_headers", check_headers, METH_O,
      "check_headers(table) -> None, or (position, height, width) of the first JPEG whose "
      "header declares another size than its record."},
+    {"guard_map", tt_guard_map, METH_VARARGS,
+     "guard_map(address, length, line) -> slot: a SIGBUS at an address in the range writes "
+     "`line` to stderr and exits 2 (-1: no free slot, unguarded)."},
+    {"unguard_map", tt_unguard_map, METH_O, "unguard_map(slot): the range is no longer mapped."},
+    {"guard_quietly", tt_guard_quietly, METH_O,
+     "guard_quietly(code): re-arm the guard in a worker process; a fault exits `code`, silent."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module_def = {

@@ -1,0 +1,94 @@
+"""A `.beton` that shrinks while this process reads its memory map ends the process with one
+line naming the file (exit 2), not a silent SIGBUS death.
+
+Truncating or rewriting a mapped file makes every read of a page past its new end fault with
+SIGBUS, in whichever thread reads it: Python's numpy views or the decode kernel's C threads.
+Python cannot handle that signal (its handlers run later; the faulting read repeats first), so
+the compiled extension does (csrc/map_guard.c): `guard` registers a map's address range and the
+line to print, precomputed, since a signal handler may only write and exit.
+
+Without the compiled extension (not built; it is optional) the process still dies by SIGBUS;
+`python -X faulthandler` (or PYTHONFAULTHANDLER=1) then prints the Python stack of the read.
+The guard does not depend on TURBOTRAIN_NATIVE, which only picks the decode path.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import weakref
+
+import numpy as np
+
+from turbotrain import os_failure
+from turbotrain.printable import printable
+
+# The exit code of a pipeline worker process whose read faulted in a guarded map; its parent
+# reports it (`shrunk_problem`), so the worker itself writes nothing.
+QUIET_EXIT = 75
+
+# path -> mapped size of the maps this process guards (the parent of a worker that ended with
+# QUIET_EXIT looks for the one that shrank).
+_sizes: dict = {}
+
+
+def shrank_problem(path) -> str:
+    return (f"{printable(path)} shrank while it was being read (the dataset was changed under "
+            "this run): prepare it again or restore the file")
+
+
+def shrank_line(path) -> str:
+    # The running command's name (`train`, `turbotrain bench`), as its other error lines.
+    return f"{os_failure.RUNNING_PROG}: error: {shrank_problem(path)}"
+
+
+def shrunk_problem() -> str | None:
+    """`shrank_problem` for a guarded file now shorter than its map (or gone), else None."""
+    for path, size in list(_sizes.items()):
+        try:
+            now = os.stat(path).st_size
+        except OSError:
+            now = -1
+        if now < size:
+            return shrank_problem(path)
+    return None
+
+
+def guard_quietly() -> None:
+    """In a pipeline worker process: re-arm the guard over the handler torch installed there,
+    and on a fault exit QUIET_EXIT without a word (the parent says which file shrank)."""
+    native = _native()
+    if native is not None and hasattr(native, "guard_quietly"):
+        native.guard_quietly(QUIET_EXIT)
+
+
+def _native():
+    try:
+        # lazy: the compiled extension is optional, and pipeline/ imports datasets/
+        from turbotrain.pipeline import _native
+    except ImportError:
+        return None
+    return _native if hasattr(_native, "guard_map") else None
+
+
+def guard(mapped: np.memmap, path) -> bool:
+    """Registers `mapped` (a whole-file np.memmap) so that a SIGBUS in it prints
+    `shrank_line(path)` and exits 2; unregistered when the map is freed. False where the
+    compiled extension is missing (then nothing is guarded)."""
+    native = _native()
+    backing = getattr(mapped, "_mmap", None)
+    if native is None or backing is None or mapped.size == 0:
+        return False
+    # The fault can hit anywhere in the last page too: cover whole pages.
+    length = -(-mapped.size // mmap.PAGESIZE) * mmap.PAGESIZE
+    line = (shrank_line(path) + "\n").encode("utf-8", "replace")
+    slot = native.guard_map(mapped.ctypes.data, length, line)
+    if slot < 0:
+        return False
+    weakref.finalize(backing, _unguard, native, slot, path)
+    _sizes[path] = mapped.size
+    return True
+
+
+def _unguard(native, slot: int, path) -> None:
+    native.unguard_map(slot)
+    _sizes.pop(path, None)
