@@ -3,6 +3,7 @@ automatic name that is taken gets -2, -3, ...; --resume never writes through a s
 leads out of the run folder. Under torchrun, rank 0 alone decides."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from turbotrain.train.config.config import TrainConfig
-from turbotrain.train.engine import builder
+from turbotrain.datasets import folder_lock
+from turbotrain.train.engine import run_folder
 from turbotrain.train.errors import TrainError
 from turbotrain.train.step.distributed import DistEnv
 
@@ -93,12 +95,19 @@ def _config(tmp_path, **changes) -> TrainConfig:
     return TrainConfig(data=str(tmp_path / "ds"), model="compact28", **changes)
 
 
+def _choose(config: TrainConfig) -> Path:
+    """The folder a new run takes (its lock released at once)."""
+    run_dir, lock = run_folder._choose_run_dir(config, False, Path("unused"))
+    folder_lock.release(lock, run_dir / ".lock")
+    return run_dir
+
+
 def test_a_missing_or_empty_folder_is_used(tmp_path):
-    assert builder._choose_run_dir(_config(tmp_path, out=str(tmp_path / "a" / "b"))) \
+    assert _choose(_config(tmp_path, out=str(tmp_path / "a" / "b"))) \
         == tmp_path / "a" / "b"
     assert (tmp_path / "a" / "b").is_dir()
     (tmp_path / "empty").mkdir()
-    assert builder._choose_run_dir(_config(tmp_path, out=str(tmp_path / "empty"))) \
+    assert _choose(_config(tmp_path, out=str(tmp_path / "empty"))) \
         == tmp_path / "empty"
 
 
@@ -108,7 +117,7 @@ def test_the_refusal_lists_a_few_names_printably(tmp_path):
     for name in ("a.txt", "b", "c\x1b[2J", "d"):
         (out / name).write_text("")
     with pytest.raises(TrainError) as exc:
-        builder._choose_run_dir(_config(tmp_path, out=str(out)))
+        _choose(_config(tmp_path, out=str(out)))
     assert f"--out {out} is not empty (holds a.txt, b, c\\x1b[2J, ...);" in str(exc.value)
     assert sorted(os.listdir(out)) == ["a.txt", "b", "c\x1b[2J", "d"]
 
@@ -116,13 +125,13 @@ def test_the_refusal_lists_a_few_names_printably(tmp_path):
 def test_a_file_is_not_a_run_folder(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(TrainError, match="exists and is not a folder"):
-        builder._choose_run_dir(_config(tmp_path, out=str(tmp_path / "f")))
+        _choose(_config(tmp_path, out=str(tmp_path / "f")))
     assert (tmp_path / "f").read_text() == "x"
 
 
 def test_numbered_names_never_collide(tmp_path):
     base = tmp_path / "runs" / "ds-m-20250101-000000"
-    made = [builder._create_numbered(base) for _ in range(3)]
+    made = [run_folder._create_numbered(base) for _ in range(3)]
     assert [p.name for p in made] == [base.name, f"{base.name}-2", f"{base.name}-3"]
 
 
@@ -133,12 +142,19 @@ def test_only_rank_0_decides_and_every_rank_gets_its_answer(tmp_path, monkeypatc
         sent.append((env.rank, value))
         return ("error", "rank 0's line") if env.rank else value
 
-    monkeypatch.setattr(builder, "broadcast_object", broadcast)
-    monkeypatch.setattr(builder, "_choose_run_dir",
-                        lambda config: pytest.fail("a rank other than 0 decided"))
-    with pytest.raises(TrainError, match="^rank 0's line$"):
-        builder._prepare_run_dir(_config(tmp_path), DistEnv(rank=1, world_size=2))
-    monkeypatch.setattr(builder, "_choose_run_dir", lambda config: tmp_path / "chosen")
-    assert builder._prepare_run_dir(_config(tmp_path), DistEnv(rank=0, world_size=2)) \
-        == tmp_path / "chosen"
-    assert sent[-1] == (0, ("folder", str(tmp_path / "chosen")))
+    def chosen(config, auto, default):
+        return tmp_path, folder_lock.hold(tmp_path / ".lock")
+
+    monkeypatch.setattr(run_folder, "broadcast_object", broadcast)
+    monkeypatch.setattr(run_folder, "_choose_run_dir",
+                        lambda *args: pytest.fail("a rank other than 0 decided"))
+    with pytest.raises(TrainError, match="^rank 0's line$"), contextlib.ExitStack() as cleanup:
+        run_folder.prepare_run_dir(_config(tmp_path), DistEnv(rank=1, world_size=2), cleanup,
+                                   auto=False, default=tmp_path)
+    monkeypatch.setattr(run_folder, "_choose_run_dir", chosen)
+    with contextlib.ExitStack() as cleanup:
+        assert run_folder.prepare_run_dir(_config(tmp_path), DistEnv(rank=0, world_size=2),
+                                          cleanup, auto=False, default=tmp_path) == tmp_path
+        assert (tmp_path / ".lock").is_file()  # held by rank 0 until the run ends
+    assert not (tmp_path / ".lock").exists()
+    assert sent[-1] == (0, ("folder", str(tmp_path)))

@@ -1,6 +1,13 @@
 """Where prepare-dataset writes: OUT is checked before any work, built in a hidden sibling
 folder, and renamed into place at the end.
 
+One prepare-dataset at a time writes OUT: it holds `.OUT.lock` beside OUT (folder_lock.py) from
+before the checks of OUT to the end, and a second one is refused in one line naming the first;
+without it both passed the checks and the later replaced the first's dataset, --overwrite or
+not. Parts (`--part i/N`, parts.py) are written into one OUT by many processes at once by
+design: each holds the lock of its own part only, `.OUT.part-0000i-of-0000N.lock`, so two runs
+of the same part (which would remove each other's hidden folder) cannot overlap.
+
 prepare-dataset deletes nothing it did not make. `--overwrite` replaces OUT only when OUT is a
 dataset that prepare-dataset made (a folder holding `dataset.json` and nothing but the files it
 writes), and never when OUT and SOURCE overlap: `prepare-dataset X X --overwrite` used to delete
@@ -13,6 +20,7 @@ import secrets
 import shutil
 from pathlib import Path
 
+from . import folder_lock
 from .dataset import DATASET_JSON, SPLITS, split_filename
 from .shards import parse_shard_filename
 
@@ -69,6 +77,63 @@ def _under(path: str, folder: str) -> bool:
     return path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+class OutputLock:
+    """OUT's lock (or one part's), taken by `lock_output`; released when the `with` block ends.
+    The folders made to hold the lock file (OUT's missing parents) go again when the block
+    fails, so a refused prepare leaves nothing."""
+
+    def __init__(self, path: Path, fd: int, made: list[Path]):
+        self.path, self.fd, self.made = path, fd, made
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        folder_lock.release(self.fd, self.path)
+        if kind is not None:
+            _remove_made(self.made)
+
+
+def lock_output(out: Path, part: tuple[int, int] | None) -> OutputLock:
+    """Holds OUT's lock file, a sibling of OUT (OUT itself may not exist yet, and the checks
+    of OUT and merge must not find a file of ours in it); OutputFolderError when another
+    prepare-dataset holds it."""
+    name = f".{out.name}.lock" if part is None else \
+        f".{out.name}.part-{part[0]:05d}-of-{part[1]:05d}.lock"
+    path = out.parent / name
+    made = _make_parents(out.parent)
+    try:
+        return OutputLock(path, folder_lock.hold(path), made)
+    except folder_lock.FolderBusy as busy:
+        what = "OUT" if part is None else f"part {part[0]}/{part[1]} of OUT"
+        error = OutputFolderError(f"{what} {out} is in use by another prepare-dataset "
+                                  f"({busy.holder}); wait for it or choose another OUT")
+    except OSError as e:
+        error = OutputFolderError(f"{path}: cannot use it as OUT's lock file ("
+                                  f"{e.strerror or e}); remove it, or choose another OUT")
+    _remove_made(made)
+    raise error
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Makes folder and its missing parents; returns those it made, deepest first."""
+    missing = []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        path.mkdir(exist_ok=True)
+    return missing
+
+
+def _remove_made(made: list[Path]) -> None:
+    for path in made:
+        try:
+            path.rmdir()
+        except OSError:  # something was put in it meanwhile: it stays
+            return
+
+
 def partial_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.partial-{os.getpid()}"
 
@@ -84,10 +149,14 @@ def remove_stale_partials(out: Path) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
 
 
-def install(partial: Path, out: Path) -> None:
+def install(partial: Path, out: Path, overwrite: bool) -> None:
     """Moves the finished dataset into place; an old OUT (checked by check_output) is only
-    removed after that succeeds."""
+    removed after that succeeds. OUT is checked again first: the lock keeps other
+    prepare-datasets out, not a user or another tool."""
     if os.path.lexists(out):
+        if not overwrite:
+            raise OutputFolderError(f"{out} already exists (it appeared while this dataset was "
+                                    f"being prepared); pass --overwrite to replace it")
         check_replaceable(out)
         # A fresh name: renaming onto one planted there would fail or replace it.
         trash = out.parent / f".{out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"

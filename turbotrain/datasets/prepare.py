@@ -31,8 +31,8 @@ from ..os_failure import MEMORY_ADVICE, memory_line
 from . import format as fmt
 from .dataset import DATASET_JSON, file_sha256, split_filename
 from .images import ImageError, encode_sample
-from .output_folder import (OutputFolderError, check_output, install, partial_dir,
-                            remove_stale_partials)
+from .output_folder import (OutputFolderError, check_not_overlapping, check_output, install,
+                            lock_output, partial_dir, remove_stale_partials)
 from .parts import (check_part_output, install_part, part_manifest, part_partial_dir,
                     part_shard_ids)
 from .safe_create import make_fresh_dir, write_file
@@ -243,6 +243,17 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
 
     out = Path(out).absolute()
     _check_options(options)
+    try:  # OUT's checks below hold until the end: no other prepare-dataset writes it meanwhile
+        # (not even the lock file goes into a SOURCE that holds OUT)
+        check_not_overlapping(out, Path(source_path).expanduser().absolute())
+        lock = lock_output(out, options.part)
+    except OutputFolderError as e:
+        raise PrepareError(str(e)) from e
+    with lock:
+        return _prepare_locked(source_path, out, options)
+
+
+def _prepare_locked(source_path, out: Path, options: PrepareOptions) -> dict:
     try:
         if options.part is None:
             check_output(out, Path(source_path).expanduser().absolute(), options.overwrite)
@@ -288,7 +299,7 @@ def _prepare_whole(source, out: Path, plans: dict, options: PrepareOptions,
         if any(r.skipped for r in results):
             write_file(partial / "skipped.txt", skipped_lines(results))
         write_file(partial / DATASET_JSON, json.dumps(info, indent=2) + "\n")
-        install(partial, out)
+        install(partial, out, options.overwrite)
     return info
 
 

@@ -12,10 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from turbotrain.datasets.untrusted import is_inside
 from turbotrain.pipeline import build_pipeline
 from turbotrain.pipeline.workers import after_pipeline
-from turbotrain.printable import printable
 
 from ..config.config import AUTO, TrainConfig
 from ..config.config_files import save_yaml
@@ -35,6 +33,7 @@ from ..weights.finetune import optimizer_groups, start_model, weights_facts
 from . import batch_finder
 from .data import open_split, open_val_split
 from .loader import Loader, open_planned, pipeline_options
+from .run_folder import prepare_run_dir
 
 
 @dataclass
@@ -70,6 +69,7 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     run folder and the training step. `cleanup` closes the pipelines when the run ends, or when
     building it fails half-way."""
     config.validate()
+    auto = config.resume == AUTO  # the plan replaces it with what auto decided
     planned, train_data, train_pipeline, val_pipeline = _plan_and_open(config, env, cleanup)
     config, device = planned.config, planned.device
     decisions = dict(planned.lines)
@@ -84,7 +84,7 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     # before the run folder, so that weights that are missing or do not fit leave no folder.
     model = start_model(planned.spec, config, train_data, resuming=bool(config.resume),
                         decide=decide)
-    config, run_dir, resume_state = _open_run_dir(config, env)
+    config, run_dir, resume_state = _open_run_dir(config, env, cleanup, auto=auto)
     fresh = resume_state is None and not config.from_weights
     train_model, ema = _place_model(model, planned, env, train_pipeline if fresh else None,
                                     decide)
@@ -131,10 +131,12 @@ def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSt
     return planned, train_data, train_pipeline, val_pipeline
 
 
-def _open_run_dir(config: TrainConfig, env: DistEnv) -> tuple[TrainConfig, Path, dict | None]:
-    """The run folder (a new one, or --resume's), the checkpoint state to continue from, and
-    RUNDIR/config.yaml (the resolved settings)."""
-    run_dir = _prepare_run_dir(config, env)
+def _open_run_dir(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack, *,
+                  auto: bool) -> tuple[TrainConfig, Path, dict | None]:
+    """The run folder (a new one, or --resume's; locked until `cleanup` runs: run_folder.py),
+    the checkpoint state to continue from, and RUNDIR/config.yaml (the resolved settings)."""
+    run_dir = prepare_run_dir(config, env, cleanup, auto=auto,
+                              default=Path(default_run_dir(config)))
     config = config.replace(out=str(run_dir))
     resume_state = ckpt.load_checkpoint(run_dir) if config.resume else None
     if resume_state is not None:
@@ -226,96 +228,13 @@ def default_run_dir(config: TrainConfig) -> str:
                               f"{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def _prepare_run_dir(config: TrainConfig, env: DistEnv) -> Path:
-    """The run folder, created. Rank 0 alone decides (it creates the folder) and every rank gets
-    its answer, the folder or the one-line refusal, so all use the same folder or fail alike."""
-    outcome: tuple[str, str] = ("error", "")
-    if env.is_main:
-        try:
-            outcome = ("folder", str(_choose_run_dir(config)))
-        except TrainError as exc:
-            outcome = ("error", str(exc))
-    kind, value = broadcast_object(outcome, env)
-    if kind == "error":
-        raise TrainError(value)
-    return Path(value)
-
-
-def _choose_run_dir(config: TrainConfig) -> Path:
-    """Nothing is ever deleted: a new run takes a missing or empty folder (the automatic name
-    gets -2, -3, ... when taken), --resume continues the run in --out."""
-    if not config.out:
-        return _create_numbered(Path(default_run_dir(config)))
-    run_dir = Path(config.out)
-    if config.resume:
-        if not os.path.lexists(ckpt.checkpoint_path(run_dir)):  # load_checkpoint checks it
-            raise TrainError(f"--resume: no checkpoint in {run_dir} to continue from")
-        _refuse_links_out_of(run_dir)
-        return run_dir
-    if run_dir.is_dir():
-        try:
-            names = sorted(os.listdir(run_dir))
-        except OSError as exc:
-            raise TrainError(f"--out {run_dir}: cannot list it ({exc.strerror})") from None
-        if names:
-            raise TrainError(f"--out {run_dir} is not empty (holds {_some_names(run_dir, names)})"
-                             "; pass --resume to continue the run in it, or choose another --out")
-        return run_dir
-    try:
-        run_dir.mkdir(parents=True)
-    except FileExistsError:
-        raise TrainError(f"--out {run_dir} exists and is not a folder; choose another "
-                         "--out") from None
-    except OSError as exc:
-        raise TrainError(f"--out {run_dir}: cannot create it ({exc.strerror})") from None
-    return run_dir
-
-
 def _listing(folder: str | None) -> list[str] | None:
     """The names in `folder`, or None when it is not a folder we can list (missing: a new run;
-    anything else: _choose_run_dir says what is wrong)."""
+    anything else: run_folder.py says what is wrong)."""
     try:
         return sorted(os.listdir(folder)) if folder else None
     except OSError:
         return None
-
-
-def _create_numbered(base: Path, attempts: int = 1000) -> Path:
-    """base, or base-2, base-3, ...: the first that did not exist. mkdir is atomic, so of two
-    runs started in the same second (the name has a 1 s resolution), each gets its own."""
-    for n in range(1, attempts + 1):
-        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
-        try:
-            path.mkdir(parents=True)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise TrainError(f"cannot create the run folder {path} ({exc.strerror}); choose "
-                             "one with --out") from None
-        return path
-    raise TrainError(f"{base} and {attempts - 1} numbered variants already exist; choose a "
-                     "run folder with --out")
-
-
-def _some_names(folder: Path, names: list[str], shown: int = 3) -> str:
-    listed = [printable(name) + ("/" if (folder / name).is_dir() else "")
-              for name in names[:shown]]
-    return ", ".join(listed + (["..."] if len(names) > shown else []))
-
-
-def _refuse_links_out_of(run_dir: Path) -> None:
-    """--resume writes into a folder it did not necessarily create: a symlink there (say
-    metrics.jsonl -> ~/.bashrc) would make it write outside the folder, so none may lead out."""
-    try:
-        names = sorted(os.listdir(run_dir))
-    except OSError as exc:
-        raise TrainError(f"--resume: cannot list {run_dir} ({exc.strerror})") from None
-    for name in names:
-        path = run_dir / name
-        if path.is_symlink() and not is_inside(path, run_dir):
-            raise TrainError(f"--resume: {run_dir / printable(name)} is a symlink to "
-                             f"{printable(os.path.realpath(path))}, outside the run folder; "
-                             "refusing to write through it")
 
 
 def _check_same_world_size(state: dict, env: DistEnv, run_dir: Path) -> None:

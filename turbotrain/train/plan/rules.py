@@ -5,6 +5,7 @@ Each rule's numbers are measurements, quoted next to it.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
@@ -353,16 +354,46 @@ def order(requested: str, *, pipeline: str, reads_during_epoch: bool, stored_byt
 # The checkpoint's file name in a run folder: what --resume auto looks for (records/checkpoint.py
 # writes it under this name).
 CHECKPOINT_NAME = "checkpoint.pt"
+# The lock file of the train writing a run folder (datasets/folder_lock.py; engine/run_folder.py).
+RUN_LOCK_NAME = ".lock"
+# What train writes into a new run folder before its first checkpoint: a run killed then (the
+# queue's time limit, a preemption) leaves only these, and --resume auto starts it again.
+STARTED_NAMES = frozenset({"config.yaml", "metrics.jsonl", "tensorboard"})
+# The temporary name safe_create.replacing gives a checkpoint being written; kill -9 mid-write
+# leaves it behind (run_folder.py removes it).
+_CHECKPOINT_TEMPORARY = re.compile(r"\.checkpoint\.pt\.[0-9a-f]{16}\.tmp")
+
+
+def is_checkpoint_temporary(name: str) -> bool:
+    return _CHECKPOINT_TEMPORARY.fullmatch(name) is not None
+
+
+def run_names(names) -> list[str] | None:
+    """A run folder's names, less those that are not the run's (its lock file, a killed
+    checkpoint's temporary); None stays None (no such folder)."""
+    if names is None:
+        return None
+    return [name for name in names if name != RUN_LOCK_NAME and not is_checkpoint_temporary(name)]
+
+
+def killed_before_checkpoint(names: list[str]) -> bool:
+    """Whether run_names(...) are those of a run killed before its first checkpoint."""
+    return bool(names) and set(names) <= STARTED_NAMES
 
 
 def resume(out: str | None, names, checkpoint_name: str) -> Decision:
     """`--resume auto`, from the names in --out (None: no such folder): continue the run there
-    when it has a checkpoint, else start a new one, which needs the folder missing or empty
-    (train deletes nothing it did not write)."""
+    when it has a checkpoint, else start a new one, which needs the folder missing, empty, or
+    holding only what a run killed before its first checkpoint wrote (train deletes nothing it
+    did not write)."""
     if not out:
         raise TrainError("--resume auto needs --out RUNDIR (the run to continue or start)")
+    names = run_names(names)
     if names and checkpoint_name in names:
         return Decision(True, f"auto: {out} holds a checkpoint")
+    if killed_before_checkpoint(names):
+        return Decision(False, f"auto: no checkpoint in {out} (killed before the first one): "
+                        "starting from scratch")
     if names:
         shown = ", ".join(printable(name) for name in names[:3]) + (", ..." if len(names) > 3
                                                                     else "")

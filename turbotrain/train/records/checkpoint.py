@@ -32,7 +32,8 @@ from turbotrain.datasets.safe_create import replacing
 from turbotrain.datasets.untrusted import UnsafeInput, open_regular
 
 from ..errors import TrainError
-from ..plan.rules import CHECKPOINT_NAME  # the name --resume auto looks for
+# The name --resume auto looks for, and the temporary names a checkpoint is written under.
+from ..plan.rules import CHECKPOINT_NAME, is_checkpoint_temporary
 
 FORMAT_VERSION = 1  # bump when the checkpoint's keys change meaning
 
@@ -68,6 +69,23 @@ def save_atomic(state: dict, path: str | os.PathLike) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def remove_temporaries(run_dir: str | os.PathLike) -> list[str]:
+    """Removes the temporary files of checkpoints whose writer was killed (kill -9, a node
+    lost) in run_dir: a checkpoint's size each, left forever otherwise. Only files under the
+    names save_atomic gives them, and only regular files: a link of that name is left alone.
+    The caller holds the run folder's lock, so no checkpoint of another run is being written.
+    Returns the names removed."""
+    removed = []
+    for entry in os.scandir(run_dir):
+        if is_checkpoint_temporary(entry.name) and entry.is_file(follow_symlinks=False):
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            removed.append(entry.name)
+    return removed
 
 
 def damaged(path: str | os.PathLike, reason: str | BaseException) -> TrainError:
