@@ -178,10 +178,20 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_merge(args: argparse.Namespace) -> int:
     # lazy: each command's modules load when it runs: `turbotrain --help` stays at 0.15 s
     from .datasets.merge import MergeError, merge
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # `kill` ends it as Ctrl-C does
     try:
         info = merge(args.out)
     except MergeError as e:
         return _fail("turbotrain merge", str(e))
+    except KeyboardInterrupt:
+        # Whatever it was doing, merging again finishes it: the manifests go only after
+        # dataset.json is written. A second Ctrl-C while the exit joins the hashing threads
+        # ends the process without a traceback.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        print(f"turbotrain merge: interrupted; run `turbotrain merge {printable(args.out)}` "
+              f"again to finish", file=sys.stderr)
+        return 130
     shards = sum(len(s["shards"]) for s in info["splits"].values())
     written = sum(s["num_samples"] for s in info["splits"].values())
     print(f"merged {printable(args.out)}: {shards} shards, {written} images")

@@ -260,12 +260,17 @@ def _check_files(out: Path, results: list[ShardResult], manifests: dict) -> None
         except (DatasetError, OSError) as e:
             return f"error: {e}"
 
-    with ThreadPoolExecutor(HASH_THREADS) as pool:
+    pool = ThreadPoolExecutor(HASH_THREADS)
+    try:
         for r, found in zip(results, pool.map(digest, results)):
             if found != r.sha256:
                 raise MergeError(f"{printable(out / r.file)}: its checksum is not the one part "
                                  f"{owner[r.file]} recorded (the file changed or comes from "
                                  f"another run); re-run prepare-dataset --part {owner[r.file]}")
+    finally:
+        # Not `with`: an interrupt (or a bad shard) is said at once, not after the shards
+        # being hashed are read to their end (seconds each); the process's exit joins them.
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _install(out: Path, info: dict, results: list[ShardResult], manifests: dict) -> None:
