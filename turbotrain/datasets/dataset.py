@@ -323,22 +323,28 @@ def split_path(root: Path, info: dict, split: str) -> Path:
     return split_paths(root, info, split)[0]
 
 
-def local_shards(root: Path, info: dict, split: str) -> list[LocalShard]:
+def local_shards(root: Path, info: dict, split: str, *, verify: bool = False) -> list[LocalShard]:
     meta = split_entry(root, info, split)
     if "shards" in meta:
-        return [LocalShard(Path(root) / shard["file"], shard) for shard in meta["shards"]]
-    return [LocalShard(Path(root) / meta["file"], meta)]
+        return [LocalShard(Path(root) / shard["file"], shard, verify=verify)
+                for shard in meta["shards"]]
+    return [LocalShard(Path(root) / meta["file"], meta, verify=verify)]
 
 
-def open_split(root: Path, info: dict, split: str) -> PreparedSplit:
-    """Split `split` of the dataset at root whose checked dataset.json is info."""
-    return PreparedSplit(local_shards(root, info, split), split, info, root=Path(root))
+def open_split(root: Path, info: dict, split: str, *, verify: bool = False) -> PreparedSplit:
+    """Split `split` of the dataset at root whose checked dataset.json is info; `verify`: each
+    file's SHA-256 checked against info once, when it is opened (LocalShard)."""
+    return PreparedSplit(local_shards(root, info, split, verify=verify), split, info,
+                         root=Path(root))
 
 
 def open_dataset(path: str | os.PathLike, split: str = "train", *, cache_dir=None,
-                 cache_limit=None) -> PreparedSplit:
+                 cache_limit=None, verify: bool = False) -> PreparedSplit:
     """Opens split `split` of the prepared dataset at `path` (a folder), or a bare `.beton`,
-    or a URL (s3://, gs://, az://, https://: remote.py, through a shard cache in cache_dir)."""
+    or a URL (s3://, gs://, az://, https://: remote.py, through a shard cache in cache_dir).
+    `verify` (train's --verify-data): a local file whose SHA-256 is not the one dataset.json
+    records is refused when opened (a URL's shards are checked by the cache as it downloads;
+    a bare .beton records none)."""
     from .object_store import is_url  # lazy: URL support (+50 ms) stays out of `--help`
     if is_url(path):
         from .remote import open_remote_dataset  # lazy: as is_url
@@ -349,4 +355,4 @@ def open_dataset(path: str | os.PathLike, split: str = "train", *, cache_dir=Non
                            f"`prepare-dataset SOURCE {printable(root)}` first")
     if not root.is_dir():  # BetonFile refuses anything but a regular file
         return PreparedSplit([LocalShard(root)], root.stem, None, root=root.parent)
-    return open_split(root, read_dataset_json(root), split)
+    return open_split(root, read_dataset_json(root), split, verify=verify)

@@ -172,6 +172,10 @@ class BetonFile:
     def __len__(self) -> int:
         return self.num_samples
 
+    def mapped_bytes(self) -> np.ndarray:
+        """The whole file as mapped (read-only uint8 view): what a checksum covers."""
+        return self._map
+
     def payload(self, i: int) -> np.ndarray:
         """The stored bytes of sample i (a read-only view of the memory map, no copy)."""
         i = self._index(i)

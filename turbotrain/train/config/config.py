@@ -65,6 +65,10 @@ class TrainConfig:
     cache_limit: str | None = _setting(None, "most bytes --cache-dir may hold (50GB, 512MiB, "
                                        "...); least recently used shards are deleted first",
                                        "data", shown="$TURBOTRAIN_CACHE_LIMIT or 50GB")
+    verify_data: bool = _setting(True, "check each dataset file against the SHA-256 that "
+                                 "dataset.json records, once, when the run opens it, so a "
+                                 "damaged file is refused before training on it (~1 s per "
+                                 "GB)", "data")
     # -- model
     model: str = _setting(AUTO, "model name; auto picks by image size and device", "model")
     channels_last: bool | None = _setting(None, "channels_last model and input; auto: on for "

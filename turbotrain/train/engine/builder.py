@@ -117,7 +117,8 @@ def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSt
     if config.resume == AUTO:  # rank 0 looks at --out, so that every rank takes one path
         listing = _listing(config.out) if env.is_main else None
         observed = observed.replace(out_names=broadcast_object(listing, env))
-    cache = dict(cache_dir=config.cache_dir, cache_limit=config.cache_limit)  # a --data URL's
+    cache = dict(cache_dir=config.cache_dir, cache_limit=config.cache_limit,  # a --data URL's
+                 verify=config.verify_data)  # each local file's checksum (datasets/shards.py)
     train_data = open_split(config.data, "train", **cache)
     val_data, val_missing = open_val_split(config.data, **cache)
     facts = DatasetFacts.of(train_data, val_data, val_missing)
