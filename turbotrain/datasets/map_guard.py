@@ -26,8 +26,8 @@ from turbotrain.printable import printable
 # reports it (`shrunk_problem`), so the worker itself writes nothing.
 QUIET_EXIT = 75
 
-# path -> mapped size of the maps this process guards (the parent of a worker that ended with
-# QUIET_EXIT looks for the one that shrank).
+# slot -> (path, mapped size) of the maps this process guards (the parent of a worker that
+# ended with QUIET_EXIT looks for the one that shrank; a file opened twice has two slots).
 _sizes: dict = {}
 
 
@@ -43,7 +43,7 @@ def shrank_line(path) -> str:
 
 def shrunk_problem() -> str | None:
     """`shrank_problem` for a guarded file now shorter than its map (or gone), else None."""
-    for path, size in list(_sizes.items()):
+    for path, size in list(_sizes.values()):
         try:
             now = os.stat(path).st_size
         except OSError:
@@ -84,11 +84,11 @@ def guard(mapped: np.memmap, path) -> bool:
     slot = native.guard_map(mapped.ctypes.data, length, line)
     if slot < 0:
         return False
-    weakref.finalize(backing, _unguard, native, slot, path)
-    _sizes[path] = mapped.size
+    weakref.finalize(backing, _unguard, native, slot)
+    _sizes[slot] = (path, mapped.size)
     return True
 
 
-def _unguard(native, slot: int, path) -> None:
+def _unguard(native, slot: int) -> None:
     native.unguard_map(slot)
-    _sizes.pop(path, None)
+    _sizes.pop(slot, None)
