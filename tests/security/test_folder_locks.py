@@ -23,6 +23,9 @@ import pytest
 from turbotrain.datasets import folder_lock
 from turbotrain.datasets.output_folder import OutputFolderError, install
 from turbotrain.datasets.synthetic import write_shapes_imagefolder
+from turbotrain.train.config.config import TrainConfig
+from turbotrain.train.engine import run_folder
+from turbotrain.train.errors import TrainError
 
 from .confined import REPO
 from .train_child import FAST, run_train
@@ -111,7 +114,7 @@ def test_a_killed_checkpoints_temporary_is_removed_by_the_next_run(trained, tmp_
     run = _copy(trained, tmp_path / "run")
     torn = run / ".checkpoint.pt.0123456789abcdef.tmp"  # what kill -9 mid-save leaves
     torn.write_bytes((run / "checkpoint.pt").read_bytes()[:100_000])
-    victim = tmp_path / "victim"
+    victim = run / "notes.txt"
     victim.write_text("keep\n")
     link = run / ".checkpoint.pt.fedcba9876543210.tmp"
     link.symlink_to(victim)  # our pattern, but a link: not ours, left alone
@@ -180,6 +183,13 @@ def test_a_second_prepare_into_one_out_is_refused_naming_the_first(photos, tmp_p
     assert sorted(os.listdir(tmp_path / "new")) == ["ds"]  # no lock file left beside it
 
 
+def test_a_refused_prepare_leaves_no_folder_for_its_lock(tmp_path):
+    """The lock file goes beside OUT, so OUT's missing parents are made first; a prepare
+    refused then removes them again."""
+    _one_line(_prepare(tmp_path / "no-such-source", tmp_path / "a" / "b" / "ds"))
+    assert os.listdir(tmp_path) == []
+
+
 def test_parts_lock_only_their_own_part(photos, tmp_path):
     """Parts of one conversion are written into one OUT at once by design; the same part
     twice is refused."""
@@ -202,3 +212,18 @@ def test_an_out_that_appeared_meanwhile_is_not_replaced_without_overwrite(tmp_pa
     with pytest.raises(OutputFolderError, match="already exists .*pass --overwrite"):
         install(partial, out, False)
     assert (out / "dataset.json").read_text() == '{"theirs": 1}'
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hard link"])
+def test_a_link_planted_as_the_lock_file_is_refused_not_written(tmp_path, kind):
+    """The holder writes its pid into the lock file: through a link that would be someone
+    else's file."""
+    run, victim = tmp_path / "run", tmp_path / "bashrc"
+    run.mkdir()
+    victim.write_text("export PATH\n")
+    (run / ".lock").symlink_to(victim) if kind == "symlink" else os.link(victim, run / ".lock")
+    config = TrainConfig(data=str(tmp_path / "ds"), model="compact28", out=str(run))
+    with pytest.raises(TrainError, match=f"^--out {run}: cannot use {run / '.lock'} as its lock "
+                       "file .*; remove it, or choose another --out$"):
+        run_folder._choose_run_dir(config, False, tmp_path)
+    assert victim.read_text() == "export PATH\n"
