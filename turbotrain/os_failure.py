@@ -40,7 +40,7 @@ DISK_ERRNOS = {
 }
 # Only these always mean a write that failed; EACCES/EPERM may be a read (or a syscall not
 # about files at all), so they are mapped only when a file name or a write site is known.
-_WRITE_ONLY = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+WRITE_REFUSED = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 
 
 @contextlib.contextmanager
@@ -96,14 +96,14 @@ def disk_failure(exc: BaseException) -> str | None:
     while exc is not None and seen < 8:
         if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
             what = getattr(exc, "turbotrain_writing", None)
-            if exc.errno in _WRITE_ONLY or what or exc.filename:
+            if exc.errno in WRITE_REFUSED or what or exc.filename:
                 return _disk_line(exc, what)
         exc, seen = exc.__cause__, seen + 1
     return None
 
 
 def _disk_line(exc: OSError, what: str | None) -> str:
-    written = exc.errno in _WRITE_ONLY or what is not None
+    written = exc.errno in WRITE_REFUSED or what is not None
     verb = "cannot write" if written else "cannot access"
     target = f" {exc.filename}" if exc.filename is not None else ""
     detail = f" ({what})" if what else ""

@@ -20,6 +20,8 @@ import secrets
 import shutil
 from pathlib import Path
 
+from turbotrain import os_failure
+
 from . import folder_lock
 from .dataset import DATASET_JSON, SPLITS, split_filename
 from .shards import parse_shard_filename
@@ -109,6 +111,9 @@ def lock_output(out: Path, part: tuple[int, int] | None) -> OutputLock:
         error = OutputFolderError(f"{what} {out} is in use by another prepare-dataset "
                                   f"({busy.holder}); wait for it or choose another OUT")
     except OSError as e:
+        if e.errno in os_failure.WRITE_REFUSED:
+            _remove_made(made)
+            raise  # a full or read-only disk: os_failure names the file and what to do
         error = OutputFolderError(f"{path}: cannot use it as OUT's lock file ("
                                   f"{e.strerror or e}); remove it, or choose another OUT")
     _remove_made(made)

@@ -17,6 +17,7 @@ import os
 import stat
 from pathlib import Path
 
+from turbotrain import os_failure
 from turbotrain.datasets import folder_lock
 from turbotrain.datasets.untrusted import is_inside
 from turbotrain.printable import printable
@@ -97,6 +98,8 @@ def _lock(run_dir: Path) -> int:
         raise TrainError(f"run folder {run_dir} is in use by another train ({busy.holder}); "
                          "wait for it or choose another --out") from None
     except OSError as exc:
+        if exc.errno in os_failure.WRITE_REFUSED:
+            raise  # a full or read-only disk: os_failure names the file and what to do
         raise TrainError(f"--out {run_dir}: cannot use {printable(path)} as its lock file "
                          f"({exc.strerror or exc}); remove it, or choose another --out") from None
 
