@@ -121,6 +121,14 @@ class TrainConfig:
                          "it at the end", "optim")
     ema_decay: float = _setting(0.999, "EMA decay per optimizer step (ramped up early in the run)",
                                 "optim")
+    time_budget: float | None = _setting(None, "end the run within DURATION of its start "
+                                         "(90s, 10m, 1h): its first steps are timed and the "
+                                         "epochs and the LR schedule sized to fit; without "
+                                         "--epochs, as many epochs as fit", "optim",
+                                         shown="none")
+    target_accuracy: float | None = _setting(None, "stop at the first evaluation whose val "
+                                             "accuracy reaches A (0.95 = 95%%); the LR schedule "
+                                             "is cut there", "optim", shown="none")
     max_steps: int | None = _setting(None, "stop after this many optimizer steps (the LR schedule "
                                      "spans them)", "optim", shown="no limit")
     clip_grad: float = _setting(0.0, "clip the global gradient norm to this before each "
@@ -212,6 +220,13 @@ class TrainConfig:
             raise TrainError(f"--label-smoothing must be in [0, 1), not {self.label_smoothing}")
         if not 0.0 < self.ema_decay < 1.0:
             raise TrainError(f"--ema-decay must be in (0, 1), not {self.ema_decay}")
+        if self.target_accuracy is not None and not 0.0 < self.target_accuracy <= 1.0:
+            raise TrainError(f"--target-accuracy must be in (0, 1] (0.95 is 95%), not "
+                             f"{self.target_accuracy}")
+        if self.time_budget is not None and not (math.isfinite(self.time_budget)
+                                                 and self.time_budget > 0):
+            raise TrainError(f"--time-budget must be a positive duration, not "
+                             f"{self.time_budget}")
         if self.lr is not None and self.lr <= 0:
             raise TrainError(f"--lr must be positive, not {self.lr}")
         self._validate_weights_settings()

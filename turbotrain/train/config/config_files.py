@@ -22,6 +22,7 @@ from turbotrain.datasets.untrusted import UnsafeInput, read_regular
 from ..errors import TrainError
 from .config import AUTO, FIELDS, PAIRS, TrainConfig
 from .config_flags import parse_value
+from .duration import BUDGET_MAX_EPOCHS
 
 # A config file is a few hundred bytes; a cap keeps a huge or endless one from being read whole.
 MAX_CONFIG_BYTES = 16 << 20
@@ -105,6 +106,10 @@ def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
                 raise TrainError(f"--resume: no run to continue in {requested['out']} "
                                  "(no config.yaml there)")
             saved = {**BEFORE_IT_EXISTED, **load_yaml(saved_path)}
-    config = TrainConfig(**{**saved, **requested})
+    settings = {**saved, **requested}
+    if settings.get("time_budget") is not None and "epochs" not in settings:
+        # The budget decides the run's length (budget.fit_budget); --epochs, when given, caps it.
+        settings["epochs"] = BUDGET_MAX_EPOCHS
+    config = TrainConfig(**settings)
     config.validate()
     return config

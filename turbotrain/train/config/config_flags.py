@@ -14,6 +14,7 @@ import argparse
 
 from ..errors import TrainError
 from .config import AUTO, FIELDS, field_type
+from .duration import DurationError, parse_duration
 
 # Argument groups in the order `--help` shows them.
 GROUPS = {
@@ -26,6 +27,8 @@ GROUPS = {
     "dist": "Several processes (under torchrun)",
     "run": "Run folder, checkpoints and logging",
 }
+# Flags whose value is not shown well by its type's name.
+METAVARS = {"time_budget": "DURATION", "target_accuracy": "A"}
 
 
 # ---------------------------------------------------------------------------- values
@@ -60,6 +63,11 @@ def parse_value(name: str, raw):
     """One setting's value from a flag string or a YAML scalar; TrainError says what is wrong."""
     if name == "resume":
         return _parse_resume(raw)
+    if name == "time_budget" and raw is not None and str(raw).lower() != AUTO:
+        try:
+            return parse_duration(raw)
+        except DurationError as exc:
+            raise TrainError(str(exc)) from None
     kind, nullable = field_type(name)
     flag = "--" + name.replace("_", "-")
     if raw is None or (nullable and isinstance(raw, str) and raw.lower() == AUTO):
@@ -133,7 +141,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, pipeline_choices=No
                 kwargs["choices"] = choices
             else:
                 kwargs["type"] = _flag_parser(name)
-                kwargs["metavar"] = name.upper() if kind is str else kind.__name__.upper()
+                kwargs["metavar"] = METAVARS.get(name) or (
+                    name.upper() if kind is str else kind.__name__.upper())
         groups[f.metadata["group"]].add_argument(flag, **kwargs)
 
 

@@ -36,6 +36,7 @@ from ..step.distributed import (barrier, destroy_process_group, dist_env_from_en
 from ..step.loop import evaluate, parameters_finite
 from ..weights.keep_best import WeightsKeeper
 from .builder import Run, build_run
+from .run_length import RunLength
 from .run_summary import run_summary
 from .trainer_state import Counters, checkpoint_state, restore_state
 
@@ -45,7 +46,6 @@ NONFINITE_PATIENCE = 2  # log windows in a row with a non-finite loss before the
 class Trainer:
     def __init__(self, run: Run, started: float | None = None):
         self.run = run
-        self.config: TrainConfig = run.config
         self.main = run.env.is_main
         self.counters = Counters()
         self.ledger = StepLedger()  # where the training time went: summary and verdict
@@ -64,8 +64,13 @@ class Trainer:
         self._reset_timing_window()
         self.pipeline_state = None
         self.keeper = WeightsKeeper(run)  # best.safetensors, final.safetensors
+        self.length = RunLength(run, self.warmup_steps)  # --time-budget, --target-accuracy
         if run.resume_state is not None:
             self._restore(run.resume_state)
+
+    @property
+    def config(self) -> TrainConfig:
+        return self.run.config  # --time-budget re-plans the epochs (run_length.py)
 
     # ------------------------------------------------------------------ the run
 
@@ -76,7 +81,8 @@ class Trainer:
         self.progress.start(c.step)
         outcome = "completed"
         with ckpt.StopRequest() as stop:
-            while c.epoch < self.config.epochs and c.step < run.total_steps:
+            while c.epoch < self.config.epochs and c.step < run.total_steps \
+                    and not self.length.reached(c):
                 finished_epoch = self._train_epoch(stop)
                 if not finished_epoch:
                     outcome = "max_steps"
@@ -84,6 +90,10 @@ class Trainer:
                 self._end_epoch()
             if c.step >= run.total_steps and c.step < self.config.epochs * run.steps_per_epoch:
                 outcome = "max_steps"
+            if c.budget_total_steps >= 0:
+                outcome = "time_budget"  # the budget set the run's length
+            if self.length.reached(c) and c.step < run.total_steps:
+                outcome = "target_accuracy"
             if c.last_eval_step != c.step:
                 self._evaluate(record_epoch=False)
                 self._checkpoint()
@@ -124,6 +134,10 @@ class Trainer:
             self.process_steps += 1
             if self.process_steps <= self.warmup_steps:
                 self._end_warmup_step()
+            fitted = self.length.step_done(c, self.process_steps, self.elapsed(), self._sync)
+            if fitted is not None:
+                self.progress.message(fitted)
+                self.progress.set_total(run.total_steps)
             end_of_epoch = c.micro_in_epoch >= micro_total
             stopping = stop.requested
             if c.step % self.config.log_every == 0 or end_of_epoch or c.step >= run.total_steps:
@@ -285,6 +299,7 @@ class Trainer:
         restored when the run was built); metrics logged after the checkpoint are dropped."""
         self.counters, self.ledger, self.loss_window, self.pipeline_state = restore_state(
             self.run, state)
+        self.length.apply(self.counters)  # the length --time-budget fitted, and its schedule
         self.metrics.truncate_after(self.counters.step, self.counters.epoch)
 
     # ------------------------------------------------------------------ the end
@@ -312,12 +327,19 @@ class Trainer:
             self.progress.message(f"EMA weights: val_accuracy {ema_eval['val_accuracy']:.2%}")
         weights = self.keeper.finish(c, ema_eval if run.ema is not None else c.val)
         self.progress.close()
+        stop_record = self.length.stop_record(c, outcome, self._epoch_float())
+        if stop_record is not None:
+            self.metrics.write({**stop_record, "time": self.elapsed()})
+            self.monitor.timeline.stopped = (c.step, stop_record["reason"])
         diagnosis, monitor_files = self.monitor.finish(run, self.ledger)
-        summary = run_summary(run, c, self.ledger, outcome=outcome, wall_seconds=self.elapsed(),
+        wall = self.elapsed()
+        length = self.length.summary(c, outcome, wall)
+        summary = run_summary(run, c, self.ledger, outcome=outcome, wall_seconds=wall,
                               ema_result=ema_result, weights=weights, monitor=self.monitor,
                               diagnosis=diagnosis)
+        summary.update(length["entries"])
         if self.main:
-            lines = diagnosis.lines() if diagnosis is not None else []
+            lines = length["lines"] + (diagnosis.lines() if diagnosis is not None else [])
             for line in lines + [f"wrote {path}" for path in monitor_files]:
                 print(line, flush=True)
             write_summary(run.run_dir, summary)

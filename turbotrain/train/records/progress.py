@@ -22,6 +22,13 @@ class Progress:
             self.bar = tqdm(total=total_steps, file=self.stream, dynamic_ncols=True,
                             unit="step", leave=True)
 
+    def set_total(self, total_steps: int) -> None:
+        """The run's length changed (--time-budget sized it after its first steps)."""
+        self.total_steps = total_steps
+        if self.bar is not None:
+            self.bar.total = total_steps
+            self.bar.refresh()
+
     def start(self, step: int) -> None:
         if self.bar is not None:
             self.bar.n = step

@@ -108,6 +108,7 @@ def plot_curves(run_dir: str | os.PathLike) -> Path | None:
     records = read_metrics(run_dir)
     steps = [r for r in records if r.get("kind") == "step" and r.get("loss") is not None]
     epochs = [r for r in records if r.get("kind") == "epoch"]
+    stops = [r for r in records if r.get("kind") == "stop"]
     if not steps and not epochs:
         return None
     import matplotlib
@@ -125,9 +126,15 @@ def plot_curves(run_dir: str | os.PathLike) -> Path | None:
                          "o-", label="val loss")
             acc_ax.plot([r[axis_key] for r in with_val], [r["val_accuracy"] for r in with_val],
                         "o-", label="val accuracy", color="C2")
+        for stop in stops:  # --target-accuracy / --time-budget ended the run here
+            for ax in (loss_ax, acc_ax):
+                ax.axvline(stop[axis_key], color="C1", lw=1.5,
+                           label=f"stopped: {stop['reason'].replace('_', ' ')}")
         loss_ax.set(xlabel=label, ylabel="loss")
         loss_ax.legend()
         acc_ax.set(xlabel=label, ylabel="accuracy", ylim=(0, 1))
+        if stops:
+            acc_ax.legend()
         acc_ax.grid(alpha=0.3)
         loss_ax.grid(alpha=0.3)
     return save_figure(fig, Path(run_dir) / CURVES_NAME)

@@ -29,6 +29,7 @@ class StepTimeline:
         self.counts = array("q")
         self.epoch_starts: list[int] = []  # step numbers
         self.profiled: tuple[int, int] | None = None  # (first, last) profiled step
+        self.stopped: tuple[int, str] | None = None  # (step, why): --target-accuracy, --time-budget
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -91,6 +92,9 @@ class StepTimeline:
         if self.profiled is not None:
             ax.axvspan(self.profiled[0], self.profiled[1] + 1, color="C2", alpha=0.15,
                        label="profiled (--profile)")
+        if self.stopped is not None:
+            ax.axvline(self.stopped[0], color="C1", lw=2,
+                       label=f"stopped: {self.stopped[1].replace('_', ' ')}")
         steps_note = f", {self.per_bucket} steps per point" if self.per_bucket > 1 else ""
         ax.set(xlabel="optimizer step", ylabel="ms per step",
                title=(title + steps_note) if title else steps_note.lstrip(", "))

@@ -1,0 +1,71 @@
+"""`--time-budget`: how long a run may be, as a pure function of what its first steps measured.
+
+A budget cannot be planned before the run starts: the step time depends on the machine, the
+pipeline, the model and the precision, and a guess off by 2x (bf16 against fp32 on the same
+CPU) would end the run at half the budget or twice it. So the trainer measures a few steps
+after the warm-up ones (compile, allocator and oneDNN plans stay out of it) and calls
+`fit_budget` once; the schedule is then re-planned for the run's new length, so the learning
+rate reaches its end on time instead of being cut off mid-cosine. The result is saved in the
+checkpoint, so a resumed run keeps the same length and schedule.
+
+    fit = fit_budget(budget_s=90, elapsed_s=12.0, step_s=0.30, steps_done=6,
+                     steps_per_epoch=23, eval_s=0.8, max_steps=2300)
+    fit.total_steps, fit.epochs, fit.reason
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Steps timed after the warm-up ones before the run is sized: enough to average out a slow
+# first batch of an epoch (a resident split's first shuffle), few enough that a 30 s budget is
+# still planned in its first seconds.
+MEASURED_STEPS = 5
+# Seconds kept for the end of a run: the last checkpoint, best/final.safetensors, summary.json
+# and the two figures (matplotlib draws curves.png and timeline.png in ~1-2 s on the 2-core box).
+FINISH_SECONDS = 3.0
+# An evaluation pass over N images costs about this share of N training images' step time (a
+# forward pass without backward and optimizer step: ~1/3, rounded up for the loss and top-k).
+EVAL_COST = 0.4
+
+def eval_seconds(val_images: int, step_s: float, images_per_step: int) -> float:
+    """The predicted time of one evaluation pass, from the measured training step time."""
+    return EVAL_COST * step_s * val_images / max(1, images_per_step)
+
+
+@dataclass(frozen=True)
+class BudgetFit:
+    total_steps: int  # optimizer steps of the whole run (the schedule's length)
+    epochs: int  # epochs begun (the last may be partial)
+    reason: str
+
+
+def fit_budget(*, budget_s: float, elapsed_s: float, step_s: float, steps_done: int,
+               steps_per_epoch: int, eval_s: float, max_steps: int,
+               finish_s: float = FINISH_SECONDS) -> BudgetFit:
+    """The most optimizer steps that end within `budget_s` of the run's start.
+
+    `elapsed_s`: the run's time so far (start-up, warm-up and `steps_done` steps); `step_s`:
+    the measured time of one step (data wait included); `eval_s`: one evaluation pass, run at
+    every epoch's end and once at the end of a partial last epoch; `max_steps`: the length the
+    run had before (--epochs, --max-steps), never exceeded. At least one step more than done."""
+    left = budget_s - elapsed_s - finish_s
+    spe = max(1, steps_per_epoch)
+    epoch_s = spe * step_s + eval_s
+    # Whole epochs E such that (E * spe - steps_done) steps and E evaluations fit in `left`.
+    whole = max(0, math.floor((left + steps_done * step_s) / epoch_s)) if epoch_s > 0 else 0
+    total = whole * spe
+    # Then the steps of a partial epoch, with its own evaluation at the end.
+    spare = left - (total - steps_done) * step_s - whole * eval_s - eval_s
+    if spare > 0 and step_s > 0:
+        total += min(spe - 1, math.floor(spare / step_s))
+    total = max(steps_done + 1, min(total, max_steps))
+    epochs = math.ceil(total / spe)
+    if total >= max_steps:
+        why = (f"the run's {max_steps} steps fit in the {budget_s:g} s budget "
+               f"({step_s * 1000:.0f} ms a step measured)")
+    else:
+        why = (f"{total} steps ({total / spe:.3g} epochs) fit in the {budget_s:g} s budget: "
+               f"{step_s * 1000:.0f} ms a step measured, {eval_s:.1f} s an evaluation, "
+               f"{elapsed_s:.0f} s spent before")
+    return BudgetFit(total_steps=total, epochs=epochs, reason=why)
