@@ -71,7 +71,7 @@ class RunLength:
         self.fit_reason = fit.reason
         self.apply(c)
         return (f"time budget {self.budget:g} s: {fit.reason}; the run is now "
-                f"{fit.total_steps} steps ({fit.epochs} epochs), its LR schedule re-planned "
+                f"{fit.total_steps} steps ({_epochs(fit.epochs)}), its LR schedule re-planned "
                 f"to end there")
 
     def apply(self, c: Counters) -> None:
@@ -104,7 +104,9 @@ class RunLength:
         if self.target is None or not c.val:
             return False
         if c.target_epoch < 0 and c.val.get("val_accuracy", 0.0) >= self.target:
-            c.target_epoch, c.target_step = c.epoch, c.step
+            # Checked after an epoch's evaluation, when `c.epoch` already counts the next one.
+            ended = c.epoch - 1 if c.micro_in_epoch == 0 and c.epoch > 0 else c.epoch
+            c.target_epoch, c.target_step = ended, c.last_eval_step
         return c.target_epoch >= 0
 
     # ------------------------------------------------------------------ the record
@@ -141,6 +143,10 @@ class RunLength:
                 lines.append(f"target accuracy {self.target:.2%} not reached "
                              f"(best {max(c.best_val_accuracy, 0.0):.2%})")
         return {"entries": out, "lines": lines}
+
+
+def _epochs(count: int) -> str:
+    return f"{count} epoch" + ("" if count == 1 else "s")
 
 
 def _unfitted(c: Counters) -> str:
