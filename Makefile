@@ -15,31 +15,46 @@ APT_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev libgl1 libglib2.0-0 d
 
 .PHONY: install demo test bench gpu-check bf16-probe apt-deps clean
 
+# When make read this file: `install took N s` counts from here (make parses the Makefile once,
+# just before the first recipe runs). The install steps print what they do and roughly how long
+# it takes (issue 32: a newcomer's first `make demo` is silent for minutes otherwise).
+INSTALL_T0 := $(shell date +%s)
+INSTALL_TOOK = @echo "install took $$(( $$(date +%s) - $(INSTALL_T0) )) s"
+
 install: $(STAMP) $(NATIVE_STAMP)
 
 $(STAMP): pyproject.toml scripts/build_pillow_simd.py
+	@echo "install 1/6: apt packages for the FFCV, pillow-simd and kernel builds (0 s when present, ~1-2 min otherwise)"
 	@$(MAKE) --no-print-directory apt-deps
+	@echo "install 2/6: virtual environment in $(VENV) (~10 s)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade setuptools wheel
 	# torch first, pinned to the release this machine caps at (its wheels are on local disk).
+	@echo "install 3/6: torch + torchvision (~1-3 min from local wheels, longer downloading ~1 GB)"
 	$(PIP) install -q "torch==2.14.1" "torchvision==0.29.1" || $(PIP) install -q "torch>=2.4" torchvision
 	# FFCV's setup.py imports numpy and pkg-config at build time: build it against the venv's numpy.
+	@echo "install 4/6: FFCV, compiled from source (~1-2 min)"
 	$(PIP) install -q numpy
 	$(PIP) install -q --no-build-isolation "ffcv==1.0.2" || echo "warning: FFCV did not build; --pipeline ffcv will be unavailable"
+	@echo "install 5/6: turbotrain and its extras: DALI, timm, ONNX, TensorBoard, ... (~1-3 min)"
 	$(PIP) install -q -e ".[dali,ffcv,export,timm,tensorboard,remote,hf,lightning,dev]"
 	# Last, after every line that can pull pillow in: pillow-simd built under the name pillow, so
 	# later pip installs keep it (~1.8x faster PIL decode + resize); a one-line note and pillow
 	# when it cannot build. A rerun reuses the wheel cached in $(VENV)/pillow-simd/.
+	@echo "install 6/6: pillow-simd, compiled from source (~1-2 min; a rerun reuses the cached wheel)"
 	$(PY) scripts/build_pillow_simd.py
 	touch $(STAMP)
+	$(INSTALL_TOOK)
 
 # The compiled decode kernel (turbotrain/pipeline/csrc): pip install -e built it in place; this
 # rebuilds it when its sources change. pip treats it as optional (a user without libjpeg's
 # headers still gets turbotrain, on the Python path), so here a missing kernel is an error.
 $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	@echo "install: the decode kernel (turbotrain/pipeline/csrc, ~10-30 s)"
 	$(PY) setup.py -q build_ext --inplace
 	$(PY) -c "from turbotrain.pipeline import kernel; assert kernel.NATIVE, kernel.STATUS; print(kernel.STATUS)"
 	touch $(NATIVE_STAMP)
+	$(INSTALL_TOOK)
 
 # Installs FFCV's build deps when we are root on a Debian/Ubuntu machine; otherwise says what to do.
 apt-deps:
