@@ -2,7 +2,9 @@
 
 1. writes a deterministic photo-like dataset (ten classes of textured shapes, JPEGs),
 2. converts it with `prepare-dataset`,
-3. trains with default settings, and prints the run report.
+3. trains with the demo's settings for this machine (plan/demo_plan.py: image size, model,
+   precision and a `--time-budget` that sizes the epochs to the measured step time), and
+   prints the run report with the training time apart from the total.
 
 Nothing is downloaded: the images are generated (turbotrain/datasets/synthetic.py), so the demo
 runs on a machine without internet, and a rerun reuses the images already written.
@@ -22,13 +24,19 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="demo-data",
                    help="folder for the sample images, the prepared dataset and the run "
                         "(default: demo-data)")
-    p.add_argument("--train-per-class", type=int, default=300,
+    p.add_argument("--train-per-class", type=int, default=None,
                    help="training images per class (10 classes; default 300)")
-    p.add_argument("--val-per-class", type=int, default=50,
+    p.add_argument("--val-per-class", type=int, default=None,
                    help="validation images per class (default 50)")
-    p.add_argument("--size", default="256x256", help="image size WxH (default 256x256)")
+    p.add_argument("--size", default=None,
+                   help="generated image size WxH (default: the machine's, 64x64)")
     p.add_argument("--epochs", type=int, default=None,
-                   help="training epochs (default: the demo's, enough for >= 90%% accuracy)")
+                   help="training epochs (default: as many as the time budget fits)")
+    p.add_argument("--time-budget", default=None, metavar="DURATION",
+                   help="train --time-budget (default: the machine's, 60s or 90s)")
+    p.add_argument("--machine", default=None, metavar="NAME",
+                   help="print the demo's settings for a preset machine (cpu2, cpu2-avx2, "
+                        "h200, ...) and exit")
     p.add_argument("--train-arg", action="append", default=[], metavar="FLAG",
                    help="extra `train` flag, repeatable, e.g. --train-arg=--pipeline=pytorch")
 
@@ -41,27 +49,53 @@ def _parse_size(text: str) -> tuple[int, int]:
     return width, height
 
 
+def _settings(machine_name: str | None):
+    # lazy: the plan imports torch (~1 s), not wanted for `demo --help`
+    from .train.plan.demo_plan import demo_settings
+    from .train.plan.machine import Machine
+    from .train.step.distributed import dist_env_from_environ
+    if machine_name is None:
+        return demo_settings(Machine.detect(dist_env_from_environ()))
+    try:
+        return demo_settings(Machine.preset(machine_name))
+    except ValueError as exc:
+        raise SystemExit(f"turbotrain demo: error: --machine: {exc}")
+
+
 def run_demo(args: argparse.Namespace) -> int:
     # lazy: PIL (+110 ms) loads when the demo runs, not for `demo --help`
     from .datasets.synthetic import write_shapes_imagefolder
 
+    settings = _settings(args.machine)
+    if args.machine is not None:
+        print(f"turbotrain demo settings for {args.machine}:")
+        print("\n".join(settings.lines()) + f"\n  train flags: {' '.join(settings.train_flags())}")
+        return 0
     out = Path(args.out)
     source, prepared, run_dir = out / "source", out / "prepared", out / "run"
-    size = _parse_size(args.size)
+    side = settings.source_side
+    size = _parse_size(args.size or f"{side}x{side}")
+    train_per_class = args.train_per_class or settings.train_per_class
+    val_per_class = args.val_per_class or settings.val_per_class
     started = time.perf_counter()
+    print("demo settings for this machine:\n" + "\n".join(settings.lines()), flush=True)
     print(f"1/3 writing the sample dataset to {source} "
-          f"({10 * (args.train_per_class + args.val_per_class)} JPEGs, {size[0]}x{size[1]})",
+          f"({10 * (train_per_class + val_per_class)} JPEGs, {size[0]}x{size[1]})",
           flush=True)
-    write_shapes_imagefolder(source, train_per_class=args.train_per_class,
-                             val_per_class=args.val_per_class, size=size)
+    write_shapes_imagefolder(source, train_per_class=train_per_class,
+                             val_per_class=val_per_class, size=size)
     print(f"2/3 prepare-dataset {source} {prepared}", flush=True)
     code = turbotrain_main(["prepare", str(source), str(prepared), "--overwrite"])
     if code:
         return code
     train_args = ["train", "--data", str(prepared), "--out", str(run_dir)]
+    flags = settings.train_flags()
+    if args.time_budget is not None:
+        flags = [f for f in flags if not f.startswith("--time-budget=")]
+        flags.append(f"--time-budget={args.time_budget}")
     if args.epochs is not None:
         train_args += ["--epochs", str(args.epochs)]
-    train_args += args.train_arg
+    train_args += flags + args.train_arg  # a --train-arg given later overrides the demo's
     if (run_dir / "summary.json").exists() or (run_dir / "config.yaml").exists():
         import shutil
         shutil.rmtree(run_dir)  # a demo always starts a fresh run
@@ -79,6 +113,9 @@ def _report(run_dir: Path, seconds: float) -> int:
         "",
         "turbotrain demo: done",
         f"  val accuracy   {100 * summary['val_accuracy']:.1f} %",
+        f"  training time  {summary['wall_seconds']:.1f} s"
+        + (f" (time budget {summary['time_budget_seconds']:g} s)"
+           if summary.get("time_budget_seconds") else ""),
         f"  throughput     {summary['images_per_second']:.0f} images/s "
         f"({summary['pipeline']} pipeline, {summary['precision']}, {summary['device']})",
         f"  data wait      {100 * summary['data_wait_fraction']:.0f} % of training time",
@@ -88,7 +125,8 @@ def _report(run_dir: Path, seconds: float) -> int:
         lines += [f"                 next: {step}" for step in diagnosis.get("next_steps", [])[:2]]
     lines += [f"  curves         {run_dir / 'curves.png'}",
               f"  run folder     {run_dir} (config.yaml, metrics.jsonl, summary.json)",
-              f"  total time     {seconds:.0f} s"]
+              f"  total time     {seconds:.0f} s (writing and preparing the images "
+              "included; install not)"]
     print("\n".join(lines))
     return 0
 

@@ -140,6 +140,9 @@ _node8 = replace(_h200, cores=128, ram_bytes=1800 * GiB, gpus=(H200,) * 8,
 # Machines to plan for without being on them (`turbotrain info --machine NAME`).
 PRESETS: dict[str, Machine] = {
     "cpu2": _cpu2,  # the dev box: 2 cores with AVX-512 bf16, no GPU
+    # The issue-32 box: 2 cores, AVX2 only (fp32), as a newcomer's laptop or small VM.
+    "cpu2-avx2": replace(_cpu2, cpu_model="AMD EPYC (2 vCPU, AVX2)", cpu_flags=frozenset({"avx2"}),
+                         cpu_bf16=False, name="cpu2-avx2"),
     "cpu16-avx2": Machine(cores=16, ram_bytes=60 * GiB, cpu_model="16-core AVX2 CPU",
                           cpu_flags=frozenset({"avx2"}), name="cpu16-avx2"),  # no native bf16
     "h200": _h200,  # 16 cores, one H200 (141 GB, compute capability 9.0)
