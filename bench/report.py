@@ -422,6 +422,28 @@ def render_remote(data: dict, where: Where) -> Body:
     return body
 
 
+def render_demo(data: dict, where: Where) -> Body:
+    demo, budgets = data.get("demo") or {}, data.get("budgets") or []
+    body = Body([])
+    if demo:
+        body.lines.append(f"`turbotrain demo`, end to end in a fresh process: training "
+                          f"**{demo.get('train_seconds')} s** ({demo.get('model')} at "
+                          f"{demo.get('image_size')} px, {demo.get('precision')}, "
+                          f"{demo.get('epochs')} epochs), val accuracy "
+                          f"**{_percent(demo.get('val_accuracy'))}**, "
+                          f"{demo.get('total_seconds')} s in all with writing and preparing "
+                          "the images.\n")
+    body.lines.append("`train --time-budget B` on the demo's prepared dataset "
+                      f"({' '.join((budgets[0].get('flags') or []) if budgets else [])}), "
+                      "each in a fresh process:\n")
+    body.lines += md_table(["budget", "training time", "used", "epochs", "val accuracy"],
+                           [[f"{b['budget_seconds']:g} s", f"{b['train_seconds']} s",
+                             _percent(b.get("used_fraction")), b.get("epochs"),
+                             _percent(b.get("val_accuracy"))] for b in budgets])
+    body.goals += recorded_goals(data, "demo")
+    return body
+
+
 def _ms(value) -> str | None:
     return None if value is None else f"{value:.2f}"
 
@@ -609,6 +631,7 @@ SECTIONS = [
             render_order),
     Section("remote", "Datasets in object storage: shard cache vs local, obstore vs s3fs",
             render_remote),
+    Section("demo", "turbotrain demo, and --time-budget honoured (issue 32)", render_demo),
 ]
 
 

@@ -65,6 +65,7 @@ SUITE = [
     Benchmark("predict", "bench_predict.py"),
     Benchmark("order", "bench_order.py"),
     Benchmark("remote", "bench_remote.py"),
+    Benchmark("demo", "bench_demo.py"),  # issue 32: turbotrain demo + --time-budget, ~6 min
     # gpu_check.py's own default output path is bench/results/gpu_check.json; said explicitly.
     Benchmark("gpu_check", "gpu_check.py", ("--json", "bench/results/gpu_check.json"),
               needs_cuda=True),
