@@ -1,9 +1,10 @@
 """How long a run lasts beyond --epochs and --max-steps: `--time-budget` and `--target-accuracy`.
 
-The budget: the first `budget.MEASURED_STEPS` steps after the warm-up ones are timed (evaluation
-time taken out), `budget.fit_budget` turns that into the run's length, and the run is re-planned
-once: its total steps, its epochs and the LR schedule (a warm-up of 5% of the new length when the
-warm-up was automatic), so the schedule ends on time. Every rank sizes with the slowest rank's
+The budget: the steps after the warm-up ones are timed one by one (5 to 20 of them, 2 s at
+least where 20 allow; intervals that hold an evaluation left out), `budget.fit_budget` turns
+their median into the run's length, and the run is re-planned once: its total steps, its
+epochs and the LR schedule (a warm-up of 5% of the new length when the warm-up was
+automatic), so the schedule ends on time. Every rank sizes with the slowest rank's
 step time, so all agree. The fitted length is kept in the Counters (checkpoint), so a resumed
 run keeps it.
 
@@ -13,10 +14,12 @@ metrics.jsonl (a `stop` record), which curves.png and timeline.png mark.
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 from ..plan import recipe
-from ..plan.budget import MEASURED_STEPS, eval_seconds, fit_budget
+from ..plan.budget import (MAX_MEASURED_STEPS, MEASURED_SECONDS, MEASURED_STEPS, eval_seconds,
+                           fit_budget)
 from ..step.distributed import max_over_ranks
 from ..step.schedule import LRSchedule
 from .builder import Run
@@ -29,7 +32,8 @@ class RunLength:
     def __init__(self, run: Run, warmup_steps: int):
         self.run = run
         self.warmup_steps = warmup_steps  # the process's untimed first steps
-        self._timer: tuple[float, int, float] | None = None  # (clock, step, eval_seconds)
+        self._last: tuple[float, float] | None = None  # (clock, eval_seconds) at the last step
+        self._intervals: list[float] = []  # seconds between consecutive timed steps
         self.fit_reason: str | None = None
 
     @property
@@ -49,14 +53,18 @@ class RunLength:
             return None
         sync()
         now = time.perf_counter()
-        if self._timer is None:
-            self._timer = (now, c.step, c.eval_seconds)
+        if self._last is not None and c.eval_seconds == self._last[1]:
+            # An interval that held an evaluation (and the epoch's checkpoint) is no step's time.
+            self._intervals.append(now - self._last[0])
+        self._last = (now, c.eval_seconds)
+        timed = len(self._intervals)
+        enough = timed >= MEASURED_STEPS and (sum(self._intervals) >= MEASURED_SECONDS
+                                               or timed >= MAX_MEASURED_STEPS)
+        if not enough and not (timed and self.run.total_steps - c.step <= 1):
             return None
-        started, first_step, first_eval = self._timer
-        timed = c.step - first_step
-        if timed < min(MEASURED_STEPS, max(1, self.run.total_steps - first_step - 1)):
-            return None
-        step_s = max(0.0, now - started - (c.eval_seconds - first_eval)) / timed
+        # The median, not the mean: a step slowed by another process on the machine (5-10x,
+        # seen on the 2-core box) would otherwise shorten the whole run.
+        step_s = statistics.median(self._intervals)
         step_s = max_over_ranks(step_s, self.run.env, self.run.device)
         return self._fit(c, step_s, elapsed)
 

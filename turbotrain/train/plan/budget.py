@@ -17,10 +17,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Steps timed after the warm-up ones before the run is sized: enough to average out a slow
-# first batch of an epoch (a resident split's first shuffle), few enough that a 30 s budget is
+# Steps timed after the warm-up ones before the run is sized (their median): at least 5, for 2 s
+# at least where 20 steps allow, so that a moment of load from another process (a 5-10x slower
+# step, seen on the 2-core box) does not set the run's length; few enough that a 30 s budget is
 # still planned in its first seconds.
 MEASURED_STEPS = 5
+MAX_MEASURED_STEPS = 20
+MEASURED_SECONDS = 2.0
 # Seconds kept for the end of a run: the last checkpoint, best/final.safetensors, summary.json
 # and the two figures (matplotlib draws curves.png and timeline.png in ~1-2 s on the 2-core box).
 FINISH_SECONDS = 3.0
