@@ -66,9 +66,13 @@ def demo_settings(machine: Machine) -> DemoSettings:
     if machine.cpu_bf16:
         reasons["precision"] = ("native bf16 (avx512_bf16/amx): measured 1.5-2.3x faster "
                                 "steps than fp32")
-        reasons["time_budget"] = "bf16 steps fit enough epochs for >= 95 %"
+        # compact28 needs ~6 epochs here (10-epoch schedule: 97.6 % at epoch 5, 99.0 % at 6);
+        # a 60 s budget on the loaded 2-core box fitted 6 epochs but ended at 73 %, and the first
+        # steps, timed under load, under-fill the budget (it used 43-60 % of it).
+        reasons["time_budget"] = ("80 s: bf16 steps fit the ~6+ epochs compact28 needs for "
+                                  ">= 95 %, even on a busy box")
         return DemoSettings(source_side=64, image_size=32, model="compact28", precision="bf16",
-                            time_budget_s=60.0, reasons=reasons)
+                            time_budget_s=80.0, reasons=reasons)
     reasons["precision"] = "no native bf16 (AVX2 only): emulated bf16 is slower than fp32"
     reasons["time_budget"] = ("fp32 steps are 1.5-2.3x slower than bf16's; the budget "
                               "sizes the epochs to the measured step time")
