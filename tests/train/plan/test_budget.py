@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from turbotrain.train.config.duration import DurationError, parse_duration
-from turbotrain.train.plan.budget import FINISH_SECONDS, eval_seconds, fit_budget
+from turbotrain.train.plan.budget import (FINISH_SECONDS, eval_seconds, fit_budget,
+                                         typical_step_seconds)
 
 
 def fit(**changes):
@@ -73,3 +74,8 @@ def test_durations(text, seconds):
 def test_bad_durations_name_the_flag(text):
     with pytest.raises(DurationError, match="--time-budget"):
         parse_duration(text)
+
+
+def test_the_typical_step_is_the_mean_without_bursts_of_outside_load():
+    assert typical_step_seconds([0.1, 0.1, 0.1, 0.1, 0.2]) == pytest.approx(0.12)
+    assert typical_step_seconds([0.1, 0.1, 0.1, 0.1, 0.9]) == pytest.approx(0.1)

@@ -1,8 +1,8 @@
 """How long a run lasts beyond --epochs and --max-steps: `--time-budget` and `--target-accuracy`.
 
-The budget: the steps after the warm-up ones are timed one by one (5 to 20 of them, 2 s at
-least where 20 allow; intervals that hold an evaluation left out), `budget.fit_budget` turns
-their median into the run's length, and the run is re-planned once: its total steps, its
+The budget: the steps after the warm-up ones are timed one by one (for 8 % of the budget, 2 s
+at least, 5 to 200 steps; intervals that hold an evaluation left out), `budget.fit_budget`
+turns their typical time into the run's length, and the run is re-planned once: its total steps, its
 epochs and the LR schedule (a warm-up of 5% of the new length when the warm-up was
 automatic), so the schedule ends on time. Every rank sizes with the slowest rank's
 step time, so all agree. The fitted length is kept in the Counters (checkpoint), so a resumed
@@ -14,12 +14,11 @@ metrics.jsonl (a `stop` record), which curves.png and timeline.png mark.
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 from ..plan import recipe
-from ..plan.budget import (MAX_MEASURED_STEPS, MEASURED_SECONDS, MEASURED_STEPS, eval_seconds,
-                           fit_budget)
+from ..plan.budget import (MAX_MEASURED_STEPS, MEASURED_SECONDS, MEASURED_SHARE, MEASURED_STEPS,
+                           eval_seconds, fit_budget, typical_step_seconds)
 from ..step.distributed import max_over_ranks
 from ..step.schedule import LRSchedule
 from .builder import Run
@@ -58,13 +57,12 @@ class RunLength:
             self._intervals.append(now - self._last[0])
         self._last = (now, c.eval_seconds)
         timed = len(self._intervals)
-        enough = timed >= MEASURED_STEPS and (sum(self._intervals) >= MEASURED_SECONDS
+        window = max(MEASURED_SECONDS, MEASURED_SHARE * self.budget)
+        enough = timed >= MEASURED_STEPS and (sum(self._intervals) >= window
                                                or timed >= MAX_MEASURED_STEPS)
         if not enough and not (timed and self.run.total_steps - c.step <= 1):
             return None
-        # The median, not the mean: a step slowed by another process on the machine (5-10x,
-        # seen on the 2-core box) would otherwise shorten the whole run.
-        step_s = statistics.median(self._intervals)
+        step_s = typical_step_seconds(self._intervals)
         step_s = max_over_ranks(step_s, self.run.env, self.run.device)
         return self._fit(c, step_s, elapsed)
 

@@ -15,21 +15,37 @@ checkpoint, so a resumed run keeps the same length and schedule.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
-# Steps timed after the warm-up ones before the run is sized (their median): at least 5, for 2 s
-# at least where 20 steps allow, so that a moment of load from another process (a 5-10x slower
-# step, seen on the 2-core box) does not set the run's length; few enough that a 30 s budget is
-# still planned in its first seconds.
+# Steps timed after the warm-up ones before the run is sized: for 8 % of the budget (2 s at
+# least), at least 5 and at most 200 steps. bench/bench_demo.py on the 2-core box: the median of
+# 20 steps (~2 s) was 62 ms where the run then averaged 75 ms (the 80 s budget took 92 s), and
+# 88-94 ms where it averaged 83 ms (budgets used 85-91 %): a short window misjudges the pace by
+# 15 %, a longer one averages the machine's own variation in; yet it stays a small share of
+# the run, planned in its first seconds.
 MEASURED_STEPS = 5
-MAX_MEASURED_STEPS = 20
+MAX_MEASURED_STEPS = 200
 MEASURED_SECONDS = 2.0
+MEASURED_SHARE = 0.08
+# A timed step this many times the median is a burst of load from another process (5-10x,
+# seen on the 2-core box), not the run's pace: left out of the mean.
+BURST_FACTOR = 4.0
 # Seconds kept for the end of a run: the last checkpoint, best/final.safetensors, summary.json
 # and the two figures (matplotlib draws curves.png and timeline.png in ~1-2 s on the 2-core box).
 FINISH_SECONDS = 3.0
 # An evaluation pass over N images costs about this share of N training images' step time (a
 # forward pass without backward and optimizer step: ~1/3, rounded up for the loss and top-k).
 EVAL_COST = 0.4
+
+def typical_step_seconds(intervals: list[float]) -> float:
+    """The mean of the timed steps, bursts of outside load (BURST_FACTOR x the median) left out:
+    the mean, not the median, because the run pays for its own slower steps (an allocator
+    trim, a Python GC pass) as well."""
+    median = statistics.median(intervals)
+    kept = [t for t in intervals if t <= BURST_FACTOR * median]
+    return sum(kept) / len(kept)
+
 
 def eval_seconds(val_images: int, step_s: float, images_per_step: int) -> float:
     """The predicted time of one evaluation pass, from the measured training step time."""
