@@ -14,6 +14,7 @@ metrics.jsonl (a `stop` record), which curves.png and timeline.png mark.
 """
 from __future__ import annotations
 
+import math
 import time
 
 from ..plan import recipe
@@ -73,7 +74,7 @@ class RunLength:
                          steps_done=c.step, steps_per_epoch=run.steps_per_epoch,
                          eval_s=eval_seconds(val_images, step_s, run.global_batch),
                          max_steps=run.total_steps)
-        c.budget_total_steps, c.budget_epochs = fit.total_steps, fit.epochs
+        c.budget_total_steps = fit.total_steps
         self.fit_reason = fit.reason
         self.apply(c)
         return (f"time budget {self.budget:g} s: {fit.reason}; the run is now "
@@ -86,7 +87,7 @@ class RunLength:
             return
         run = self.run
         total = c.budget_total_steps
-        config = run.config.replace(epochs=c.budget_epochs)
+        config = run.config.replace(epochs=math.ceil(total / run.steps_per_epoch))
         warmup = config.warmup_steps
         if "warmup_steps" in run.decisions:  # automatic: a share of the run's new length
             warmup = recipe.warmup_steps(total, from_weights=config.from_weights).value

@@ -44,7 +44,6 @@ class Counters:
     best_val_accuracy: float = -1.0  # of the weights in best.safetensors (keep_best.py)
     best_step: int = -1
     budget_total_steps: int = -1  # the run's length fitted to --time-budget (-1: not yet)
-    budget_epochs: int = -1
     target_epoch: int = -1  # the epoch (0-based) whose evaluation reached --target-accuracy
     target_step: int = -1
 
