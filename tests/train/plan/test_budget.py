@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from turbotrain.train.config.duration import DurationError, parse_duration
-from turbotrain.train.plan.budget import (FINISH_SECONDS, eval_seconds, fit_budget,
-                                         typical_step_seconds)
+from turbotrain.train.plan.budget import (FINISH_SECONDS, MAX_MEASURED_STEPS, MEASURED_STEPS,
+                                         correction_steps, eval_seconds, fit_budget,
+                                         measure_checks, measured_enough, typical_step_seconds)
 
 
 def fit(**changes):
@@ -37,6 +38,32 @@ def test_any_step_time_fits_within_one_step_of_the_budget(budget_s, step_s):
     used = seconds_of(f, step_s=step_s, eval_s=1.0)
     assert used <= budget_s
     assert used > budget_s - step_s - 1.0  # one more step (and its evaluation) would not fit
+
+
+@pytest.mark.parametrize("steps_done", [19, 20, 21, 65, 100, 141])
+def test_evaluations_already_done_are_not_paid_again(steps_done):
+    """Sized again mid-run (run_length keeps a budget on time), only the epochs not yet
+    evaluated cost an evaluation: counting the past ones left 2-5 % of the budget unused."""
+    spent = 10.0 + steps_done * 0.5 + (steps_done - 1) // 20 * 2.0  # steps and evaluations so far
+    f = fit(elapsed_s=spent, steps_done=steps_done)
+    evaluated = (steps_done - 1) // 20
+    used = spent + (f.total_steps - steps_done) * 0.5 + (f.epochs - evaluated) * 2.0
+    assert 100.0 - 0.5 - 2.0 < used <= 100.0
+
+
+def test_the_pace_is_checked_at_the_same_counts_on_every_rank():
+    checks = measure_checks()
+    assert checks[:MEASURED_STEPS] == tuple(range(1, MEASURED_STEPS + 1))
+    assert checks[-1] == MAX_MEASURED_STEPS and list(checks) == sorted(set(checks))
+    assert not measured_enough(1.0, 10, 60.0) and measured_enough(4.8, 10, 60.0)
+    assert not measured_enough(10.0, MEASURED_STEPS - 1, 60.0)  # too few, however slow
+    assert measured_enough(0.5, MAX_MEASURED_STEPS, 60.0)  # a very fast step: enough counted
+
+
+def test_the_run_is_sized_again_after_a_tenth_of_the_time_left():
+    assert correction_steps(60.0, 0.075) == 80
+    assert correction_steps(5.0, 0.1) == 10  # 1 s at least
+    assert correction_steps(1.0, 5.0) == 1
 
 
 def test_the_finish_is_kept_out_of_the_budget():

@@ -121,3 +121,29 @@ def test_fused_optimizer_makes_the_same_update(name):
             optimizer.zero_grad()
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", SCHEDULES)
+@pytest.mark.parametrize("new_total", [600, 1000, 1400])
+@pytest.mark.parametrize("at_step", [30, 400])
+def test_a_resized_schedule_is_continuous_and_ends_at_its_new_length(kind, new_total, at_step):
+    """--time-budget resizes a run mid-way: the LR must not jump at the change, and the decay
+    must still reach its end on the run's new last step (not be cut off or overshoot)."""
+    before = LRSchedule(total=1000, warmup=50, kind=kind)
+    after = before.resized(new_total, at_step)
+    assert after.lr(at_step) == pytest.approx(before.lr(at_step), rel=1e-9)
+    assert abs(after.lr(at_step + 1) - after.lr(at_step)) <= 1 / 50 + 1e-9  # a warm-up step
+    assert after.lr(new_total) == 0.0 and after.lr(new_total - 1) < 0.01
+    lrs = [after.lr(s) for s in range(max(at_step, 260), new_total + 1)]
+    assert all(a >= b for a, b in itertools.pairwise(lrs))  # past the peak: only down
+    # A second resize goes on from the first one's curve, again without a jump.
+    again = after.resized(new_total + 100, at_step + 100)
+    assert again.lr(at_step + 100) == pytest.approx(after.lr(at_step + 100), rel=1e-9)
+    assert again.lr(new_total + 100) == 0.0
+
+
+def test_resizing_during_the_warmup_keeps_the_warmup():
+    before = LRSchedule(total=1000, warmup=50, kind="cosine")
+    after = before.resized(2000, 20)
+    assert after.warmup == 50 and after.anchor == (0, 0.0)
+    assert [after.lr(s) for s in range(50)] == [before.lr(s) for s in range(50)]

@@ -2,11 +2,15 @@
 
 The budget: the steps after the warm-up ones are timed one by one (for 8 % of the budget, 2 s
 at least, 5 to 200 steps; intervals that hold an evaluation left out), `budget.fit_budget`
-turns their typical time into the run's length, and the run is re-planned once: its total steps, its
-epochs and the LR schedule (a warm-up of 5% of the new length when the warm-up was
-automatic), so the schedule ends on time. Every rank sizes with the slowest rank's
-step time, so all agree. The fitted length is kept in the Counters (checkpoint), so a resumed
-run keeps it.
+turns their typical time into the run's length, and the run is re-planned: its total steps,
+its epochs and the LR schedule (a warm-up of 5% of the new length when the warm-up was
+automatic), so the schedule ends on time. The pace of the first seconds is not the pace of the
+run on a shared machine, so every 10 % of the budget the steps left are sized again from the
+pace since the last sizing (evaluations and checkpoints measured, not predicted) and the rest
+of the LR decay is stretched or shrunk to end there (`LRSchedule.resized`: no jump in the LR).
+Every rank sizes with the slowest rank's numbers, at the same steps, so all agree. The fitted
+length, its schedule and its cap are kept in the Counters (checkpoint), so a resumed run keeps
+them and goes on keeping time.
 
 The target: checked at each evaluation; the run stops at the first one that reaches it, and
 the summary says so and that the schedule was cut there. Both stops are written to
@@ -16,14 +20,25 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from ..plan import recipe
-from ..plan.budget import (MAX_MEASURED_STEPS, MEASURED_SECONDS, MEASURED_SHARE, MEASURED_STEPS,
-                           eval_seconds, fit_budget, typical_step_seconds)
+from ..plan.budget import (correction_steps, eval_seconds, fit_budget, measure_checks,
+                           measured_enough, typical_step_seconds)
 from ..step.distributed import max_over_ranks
 from ..step.schedule import LRSchedule
 from .builder import Run
 from .trainer_state import Counters
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """Where the run was when it was last sized: the pace since is measured from here."""
+    elapsed: float
+    eval_seconds: float
+    step: int
+    epoch: int
 
 
 class RunLength:
@@ -34,6 +49,10 @@ class RunLength:
         self.warmup_steps = warmup_steps  # the process's untimed first steps
         self._last: tuple[float, float] | None = None  # (clock, eval_seconds) at the last step
         self._intervals: list[float] = []  # seconds between consecutive timed steps
+        self._checks = frozenset(measure_checks())
+        self._mark: _Mark | None = None
+        self._eval_s = 0.0  # the evaluation's predicted seconds, until one is measured
+        self._provisional_steps: int | None = None
         self.fit_reason: str | None = None
 
     @property
@@ -46,10 +65,15 @@ class RunLength:
 
     # ------------------------------------------------------------------ the budget
 
-    def step_done(self, c: Counters, process_steps: int, elapsed: float, sync) -> str | None:
+    def step_done(self, c: Counters, process_steps: int, elapsed: Callable[[], float],
+                  sync: Callable[[], None]) -> str | None:
         """After each optimizer step: times the steps after warm-up and, once enough are timed,
-        sizes the run; returns the line saying how (None until then, and after)."""
-        if self.budget is None or c.budget_total_steps >= 0 or process_steps < self.warmup_steps:
+        sizes the run (returning the line that says how), then keeps it on time. `elapsed`: the
+        run's seconds so far, read after `sync` (the device's queue drained)."""
+        if self.budget is None or process_steps < self.warmup_steps:
+            return None
+        if c.budget_total_steps >= 0:
+            self._keep_on_time(c, elapsed, sync)
             return None
         sync()
         now = time.perf_counter()
@@ -58,42 +82,114 @@ class RunLength:
             self._intervals.append(now - self._last[0])
         self._last = (now, c.eval_seconds)
         timed = len(self._intervals)
-        window = max(MEASURED_SECONDS, MEASURED_SHARE * self.budget)
-        enough = timed >= MEASURED_STEPS and (sum(self._intervals) >= window
-                                               or timed >= MAX_MEASURED_STEPS)
-        if not enough and not (timed and self.run.total_steps - c.step <= 1):
+        last_step = timed > 0 and self.run.total_steps - c.step <= 1
+        if timed not in self._checks and not last_step:
             return None
-        step_s = typical_step_seconds(self._intervals)
-        step_s = max_over_ranks(step_s, self.run.env, self.run.device)
-        return self._fit(c, step_s, elapsed)
+        env, device = self.run.env, self.run.device
+        timed_seconds = max_over_ranks(sum(self._intervals), env, device)
+        step_s = max_over_ranks(typical_step_seconds(self._intervals), env, device)
+        if not (last_step or measured_enough(timed_seconds, timed, self.budget)):
+            self._provisional(c, step_s, elapsed())
+            return None
+        return self._fit(c, step_s, elapsed())
+
+    def _sized(self, c: Counters, step_s: float, elapsed: float):
+        self._eval_s = eval_seconds(self._val_images(), step_s, self.run.global_batch)
+        return fit_budget(budget_s=self.budget, elapsed_s=elapsed, step_s=step_s,
+                          steps_done=c.step, steps_per_epoch=self.run.steps_per_epoch,
+                          eval_s=self._eval_s, max_steps=self.run.total_steps)
+
+    def _provisional(self, c: Counters, step_s: float, elapsed: float) -> None:
+        """While the pace is being measured, the schedule of the length it points to so far:
+        the run's own (--epochs, or the 1,000 epochs a budget allows) would hold the LR near
+        0 in a warm-up planned for 1,000 epochs, then jump to the peak at the sizing."""
+        total = self._provisional_steps = self._sized(c, step_s, elapsed).total_steps
+        config = self.run.config
+        warmup = config.warmup_steps
+        if "warmup_steps" in self.run.decisions:
+            warmup = recipe.warmup_steps(total, from_weights=config.from_weights).value
+        self.run.engine.schedule = LRSchedule(total=total, warmup=warmup, kind=config.schedule)
+
+    def shown_steps(self, c: Counters) -> int:
+        """The run's length as the progress line shows it: while a budget's pace is being
+        measured, the length it points to so far (not the 1,000 epochs a budget allows)."""
+        if c.budget_total_steps < 0 and self._provisional_steps is not None:
+            return self._provisional_steps
+        return self.run.total_steps
 
     def _fit(self, c: Counters, step_s: float, elapsed: float) -> str:
         run = self.run
-        val_images = self._val_images()
-        fit = fit_budget(budget_s=self.budget, elapsed_s=elapsed, step_s=step_s,
-                         steps_done=c.step, steps_per_epoch=run.steps_per_epoch,
-                         eval_s=eval_seconds(val_images, step_s, run.global_batch),
-                         max_steps=run.total_steps)
+        fit = self._sized(c, step_s, elapsed)
+        c.budget_max_steps = run.total_steps
         c.budget_total_steps = fit.total_steps
+        self._next_check(c, step_s, elapsed)
+        self._mark = _Mark(elapsed, c.eval_seconds, c.step, c.epoch)
         self.fit_reason = fit.reason
         self.apply(c)
         return (f"time budget {self.budget:g} s: {fit.reason}; the run is now "
                 f"{fit.total_steps} steps ({_epochs(fit.epochs)}), its LR schedule re-planned "
                 f"to end there")
 
+    def _next_check(self, c: Counters, step_s: float, elapsed: float) -> None:
+        c.budget_step_seconds = step_s
+        c.budget_next_check = c.step + correction_steps(self.budget - elapsed, step_s)
+
+    def _keep_on_time(self, c: Counters, elapsed: Callable[[], float],
+                      sync: Callable[[], None]) -> None:
+        """At `budget_next_check`: the steps left sized again from the pace since the last
+        sizing, the rest of the schedule stretched or shrunk to end with them. Every rank
+        reaches the same step with the same (slowest rank's) pace, so all agree."""
+        if c.step != c.budget_next_check or c.step >= c.budget_total_steps:
+            return
+        sync()
+        now = elapsed()
+        mark, self._mark = self._mark, _Mark(now, c.eval_seconds, c.step, c.epoch)
+        if mark is None or c.step <= mark.step:  # resumed: the pace is measured from here
+            self._next_check(c, c.budget_step_seconds, now)
+            return
+        run = self.run
+        evaluating = c.eval_seconds - mark.eval_seconds
+        step_s = max(1e-6, (now - mark.elapsed - evaluating) / (c.step - mark.step))
+        if c.epoch > mark.epoch:
+            self._eval_s = evaluating / (c.epoch - mark.epoch)
+        elif self._eval_s == 0.0:
+            self._eval_s = eval_seconds(self._val_images(), step_s, run.global_batch)
+        step_s = max_over_ranks(step_s, run.env, run.device)
+        eval_s = max_over_ranks(self._eval_s, run.env, run.device)
+        fit = fit_budget(budget_s=self.budget, elapsed_s=now, step_s=step_s, steps_done=c.step,
+                         steps_per_epoch=run.steps_per_epoch, eval_s=eval_s,
+                         max_steps=c.budget_max_steps)
+        self._next_check(c, step_s, now)
+        if fit.total_steps == c.budget_total_steps:
+            return
+        schedule = run.engine.schedule.resized(fit.total_steps, c.step)
+        c.budget_total_steps = fit.total_steps
+        c.budget_resizes += 1
+        c.lr_warmup_steps = schedule.warmup
+        c.lr_anchor_step, c.lr_anchor_progress = schedule.anchor
+        self.apply(c)
+
     def apply(self, c: Counters) -> None:
-        """The fitted length (just fitted, or restored from a checkpoint) made the run's."""
+        """The fitted length and its schedule (just fitted, or restored from a checkpoint) made
+        the run's."""
         if c.budget_total_steps < 0:
             return
         run = self.run
         total = c.budget_total_steps
         config = run.config.replace(epochs=math.ceil(total / run.steps_per_epoch))
-        warmup = config.warmup_steps
-        if "warmup_steps" in run.decisions:  # automatic: a share of the run's new length
-            warmup = recipe.warmup_steps(total, from_weights=config.from_weights).value
-            config = config.replace(warmup_steps=warmup)
+        if c.lr_warmup_steps < 0:  # the first sizing: an automatic warm-up follows the length
+            c.lr_warmup_steps = config.warmup_steps
+            if "warmup_steps" in run.decisions:
+                warmup = recipe.warmup_steps(total, from_weights=config.from_weights)
+                c.lr_warmup_steps = warmup.value
+                run.decisions["warmup_steps"] = (f"{warmup.value}: {warmup.reason} fitted to "
+                                                 "the time budget")
+        config = config.replace(warmup_steps=c.lr_warmup_steps)
+        # A resized onecycle schedule is linear with its ramp fixed (LRSchedule.resized).
+        kind = "linear" if config.schedule == "onecycle" and c.budget_resizes else config.schedule
         run.config, run.total_steps = config, total
-        run.engine.schedule = LRSchedule(total=total, warmup=warmup, kind=config.schedule)
+        run.engine.schedule = LRSchedule(total=total, warmup=c.lr_warmup_steps, kind=kind,
+                                         anchor=(c.lr_anchor_step, c.lr_anchor_progress))
 
     def _val_images(self) -> int:
         pipeline = self.run.val_pipeline
@@ -131,9 +227,13 @@ class RunLength:
         if self.budget is not None:
             used = wall_seconds / self.budget
             out.update(time_budget_seconds=self.budget, budget_used_fraction=round(used, 4),
-                       budget_reason=self.fit_reason or _unfitted(c))
+                       budget_reason=self.fit_reason or _unfitted(c),
+                       budget_resizes=c.budget_resizes)
+            kept = (f"; kept on time by {c.budget_resizes} later sizing"
+                    + ("" if c.budget_resizes == 1 else "s") + f" (now {c.budget_total_steps} "
+                    "steps)" if c.budget_resizes else "")
             lines.append(f"time budget {self.budget:g} s: used {wall_seconds:.1f} s "
-                         f"({used:.0%}); {out['budget_reason']}")
+                         f"({used:.0%}); {out['budget_reason']}{kept}")
         if self.target is not None:
             reached = c.target_epoch >= 0
             out.update(target_accuracy=self.target,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import math
 import signal
 import time
 
@@ -134,10 +135,12 @@ class Trainer:
             self.process_steps += 1
             if self.process_steps <= self.warmup_steps:
                 self._end_warmup_step()
-            fitted = self.length.step_done(c, self.process_steps, self.elapsed(), self._sync)
+            fitted = self.length.step_done(c, self.process_steps, self.elapsed, self._sync)
             if fitted is not None:
                 self.progress.message(fitted)
-                self.progress.set_total(run.total_steps)
+            shown = self.length.shown_steps(c)
+            if self.progress.total_steps != shown:  # the budget sized the run, or kept time
+                self.progress.set_total(shown)
             end_of_epoch = c.micro_in_epoch >= micro_total
             stopping = stop.requested
             if c.step % self.config.log_every == 0 or end_of_epoch or c.step >= run.total_steps:
@@ -237,10 +240,11 @@ class Trainer:
                             "images_per_second": rate, "data_wait_fraction": wait,
                             **self.run.engine.log_record(),
                             **self.monitor.window_record(), "time": self.elapsed()})
-        self.progress.update(epoch=c.epoch, epochs=self.config.epochs, step=c.step, loss=loss,
-                             images_per_second=rate, data_wait_fraction=wait,
-                             eta_seconds=self.ledger.mean_step_seconds
-                             * (self.run.total_steps - c.step))
+        total = self.length.shown_steps(c)
+        self.progress.update(epoch=c.epoch, epochs=math.ceil(total / self.run.steps_per_epoch),
+                             step=c.step, loss=loss, images_per_second=rate,
+                             data_wait_fraction=wait,
+                             eta_seconds=self.ledger.mean_step_seconds * (total - c.step))
         return stopping
 
     def _diverged(self, what: str) -> None:
@@ -307,10 +311,13 @@ class Trainer:
     def _startup_lines(self) -> list[str]:
         run = self.run
         verb = "resuming" if run.resume_state is not None else "training"
+        length = f"{self.config.epochs} epochs ({run.total_steps} steps)"
+        if self.config.time_budget is not None and self.counters.budget_total_steps < 0:
+            length = (f"at most {length}, sized to the {self.config.time_budget:g} s time "
+                      "budget after its first steps")
         lines = [f"{verb} {run.config.model} on {run.config.data} -> {run.run_dir}: "
-                 f"{run.steps_per_epoch} steps/epoch x {self.config.epochs} epochs "
-                 f"({run.total_steps} steps), global batch {run.global_batch}, "
-                 f"lr {self.config.lr:.4g}, {run.num_classes} classes"]
+                 f"{run.steps_per_epoch} steps/epoch x {length}, global batch "
+                 f"{run.global_batch}, lr {self.config.lr:.4g}, {run.num_classes} classes"]
         lines += [f"  {what}: {why}" for what, why in run.decisions.items()]
         return lines
 
@@ -332,6 +339,8 @@ class Trainer:
             self.metrics.write({**stop_record, "time": self.elapsed()})
             self.monitor.timeline.stopped = (c.step, stop_record["reason"])
         diagnosis, monitor_files = self.monitor.finish(run, self.ledger)
+        if self.main:  # before the clock is read: the figures are the run's time too (~1 s)
+            plot_curves(run.run_dir)
         wall = self.elapsed()
         length = self.length.summary(c, outcome, wall)
         summary = run_summary(run, c, self.ledger, outcome=outcome, wall_seconds=wall,
@@ -343,7 +352,6 @@ class Trainer:
             for line in lines + [f"wrote {path}" for path in monitor_files]:
                 print(line, flush=True)
             write_summary(run.run_dir, summary)
-            plot_curves(run.run_dir)
             self.metrics.close()
             val, rate = c.val or {}, summary["images_per_second"]
             print(f"done: {c.step} steps, val_accuracy "

@@ -44,6 +44,13 @@ class Counters:
     best_val_accuracy: float = -1.0  # of the weights in best.safetensors (keep_best.py)
     best_step: int = -1
     budget_total_steps: int = -1  # the run's length fitted to --time-budget (-1: not yet)
+    budget_max_steps: int = -1  # its length before the budget sized it: never exceeded
+    budget_resizes: int = 0  # sizings after the first one (run_length.py keeps it on time)
+    budget_next_check: int = -1  # the step at which the run is sized next
+    budget_step_seconds: float = 0.0  # the pace of the last sizing
+    lr_warmup_steps: int = -1  # the schedule's warm-up once the budget sized it
+    lr_anchor_step: int = 0  # the LR schedule's anchor (schedule.LRSchedule.resized)
+    lr_anchor_progress: float = 0.0
     target_epoch: int = -1  # the epoch (0-based) whose evaluation reached --target-accuracy
     target_step: int = -1
 

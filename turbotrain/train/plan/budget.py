@@ -28,6 +28,15 @@ MEASURED_STEPS = 5
 MAX_MEASURED_STEPS = 200
 MEASURED_SECONDS = 2.0
 MEASURED_SHARE = 0.08
+# After the fit the run is kept on time: the steps left are sized again from the pace since
+# the last sizing, after 10 % of the time left (1 s at least), and the rest of the LR decay is
+# stretched or shrunk to match (schedule.LRSchedule.resized: the LR stays continuous). One
+# sizing from the first seconds cannot hold +-10 %: on the 2-core box a 60 s run's step time
+# went 93 -> 65 -> 95 ms as other processes came and went (bench/bench_demo.py: 85 % used),
+# and a 120 s run's went 5x slower for 40 s, then back. Sizing again after a share of the time
+# *left* looks more often near the end, where a burst that has passed must be made up for.
+CORRECT_SHARE = 0.10
+MIN_CORRECT_SECONDS = 1.0
 # A timed step this many times the median is a burst of load from another process (5-10x,
 # seen on the 2-core box), not the run's pace: left out of the mean.
 BURST_FACTOR = 4.0
@@ -45,6 +54,30 @@ def typical_step_seconds(intervals: list[float]) -> float:
     median = statistics.median(intervals)
     kept = [t for t in intervals if t <= BURST_FACTOR * median]
     return sum(kept) / len(kept)
+
+
+def measure_checks() -> tuple[int, ...]:
+    """The counts of timed steps at which the pace is looked at (every rank at the same step,
+    so that ranks agree on when to size the run): 1 to 4 (a provisional schedule from the
+    first steps), then 5, 10, 20, ... up to MAX_MEASURED_STEPS."""
+    checks, count = list(range(1, MEASURED_STEPS)), MEASURED_STEPS
+    while count < MAX_MEASURED_STEPS:
+        checks.append(count)
+        count *= 2
+    return tuple(checks) + (MAX_MEASURED_STEPS,)
+
+
+def measured_enough(timed_seconds: float, timed_steps: int, budget_s: float) -> bool:
+    """Whether the timed steps are a long enough share of the budget to size the run from."""
+    window = max(MEASURED_SECONDS, MEASURED_SHARE * budget_s)
+    return timed_steps >= MEASURED_STEPS and (timed_seconds >= window
+                                              or timed_steps >= MAX_MEASURED_STEPS)
+
+
+def correction_steps(left_s: float, step_s: float) -> int:
+    """Steps until the next sizing of the run, `left_s` seconds before the budget's end."""
+    wait = max(MIN_CORRECT_SECONDS, CORRECT_SHARE * left_s)
+    return max(1, round(wait / max(step_s, 1e-6)))
 
 
 def eval_seconds(val_images: int, step_s: float, images_per_step: int) -> float:
@@ -71,11 +104,15 @@ def fit_budget(*, budget_s: float, elapsed_s: float, step_s: float, steps_done: 
     left = budget_s - elapsed_s - finish_s
     spe = max(1, steps_per_epoch)
     epoch_s = spe * step_s + eval_s
-    # Whole epochs E such that (E * spe - steps_done) steps and E evaluations fit in `left`.
-    whole = max(0, math.floor((left + steps_done * step_s) / epoch_s)) if epoch_s > 0 else 0
+    # Epochs already evaluated: an epoch's evaluation follows its last step, so at a multiple
+    # of `spe` that epoch's is still to come.
+    evaluated = max(0, math.ceil(steps_done / spe) - 1)
+    # Whole epochs E such that (E * spe - steps_done) steps and E - evaluated evaluations fit.
+    whole = (max(0, math.floor((left + steps_done * step_s + evaluated * eval_s) / epoch_s))
+             if epoch_s > 0 else 0)
     total = whole * spe
     # Then the steps of a partial epoch, with its own evaluation at the end.
-    spare = left - (total - steps_done) * step_s - whole * eval_s - eval_s
+    spare = left - (total - steps_done) * step_s - max(0, whole - evaluated) * eval_s - eval_s
     if spare > 0 and step_s > 0:
         total += min(spe - 1, math.floor(spare / step_s))
     total = max(steps_done + 1, min(total, max_steps))

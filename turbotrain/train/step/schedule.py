@@ -54,21 +54,41 @@ def build_optimizer(model: nn.Module, *, name: str, lr: float, weight_decay: flo
     return optimizer
 
 
-def lr_at(step: int, *, total: int, warmup: int, kind: str, peak: float = 1.0) -> float:
+def lr_at(step: int, *, total: int, warmup: int, kind: str, peak: float = 1.0,
+          anchor: tuple[int, float] = (0, 0.0)) -> float:
     """The learning rate of optimizer step `step` (0 = the first): linear warm-up from
     peak/warmup to peak over `warmup` steps, then a decay to 0 at `total` steps, cosine or
     linear. `onecycle` ignores `warmup`: it ramps up over the first 25% and down linearly to 0,
-    the triangular schedule of the fast CIFAR recipes. With peak 1, the multiplier."""
+    the triangular schedule of the fast CIFAR recipes. With peak 1, the multiplier.
+
+    `anchor` (step, progress): the decay was `progress` of the way at `step` when the run's
+    length changed (`LRSchedule.resized`); from there it goes on to 1 at `total`, so the LR
+    is continuous at the change and still ends at 0 on the run's last step."""
     if kind not in SCHEDULES:
         raise ValueError(f"unknown schedule {kind!r}; choose one of: {', '.join(SCHEDULES)}")
     total = max(1, total)
-    warmup = max(1, round(0.25 * total)) if kind == "onecycle" else max(0, warmup)
+    warmup = _ramp(total, warmup, kind)
     if step < warmup:
         return peak * ((step + 1) / warmup)
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = _decay_progress(step, total, warmup, anchor)
     if kind == "cosine":
         return peak * (0.5 * (1.0 + math.cos(math.pi * progress)))
     return peak * (1.0 - progress)
+
+
+def _ramp(total: int, warmup: int, kind: str) -> int:
+    return max(1, round(0.25 * total)) if kind == "onecycle" else max(0, warmup)
+
+
+def _decay_progress(step: int, total: int, warmup: int, anchor: tuple[int, float]) -> float:
+    """0 at the warm-up's end, 1 at `total`; after an anchor, linear from it to 1."""
+    if step < warmup:
+        return 0.0
+    anchor_step, anchor_progress = anchor
+    if warmup < anchor_step <= step:
+        left = (1.0 - anchor_progress) / max(1, total - anchor_step)
+        return min(1.0, anchor_progress + (step - anchor_step) * left)
+    return min(1.0, (step - warmup) / max(1, total - warmup))
 
 
 @dataclass(frozen=True)
@@ -77,12 +97,26 @@ class LRSchedule:
     total: int
     warmup: int
     kind: str
+    anchor: tuple[int, float] = (0, 0.0)
 
     def __post_init__(self):
         lr_at(0, total=self.total, warmup=self.warmup, kind=self.kind)  # checks `kind`
 
     def lr(self, step: int, peak: float = 1.0) -> float:
-        return lr_at(step, total=self.total, warmup=self.warmup, kind=self.kind, peak=peak)
+        return lr_at(step, total=self.total, warmup=self.warmup, kind=self.kind, peak=peak,
+                     anchor=self.anchor)
+
+    def resized(self, total: int, at_step: int) -> LRSchedule:
+        """The same schedule for a run now `total` steps long, changed at step `at_step`: the
+        warm-up (if not over) is kept, the rest of the decay stretched or shrunk to end at
+        `total`, so the LR does not jump at `at_step`. A onecycle schedule's 25 % ramp is
+        fixed at its present length (it is a linear schedule with that warm-up)."""
+        warmup = _ramp(max(1, self.total), self.warmup, self.kind)
+        kind = "linear" if self.kind == "onecycle" else self.kind
+        if at_step <= warmup:
+            return LRSchedule(total=total, warmup=warmup, kind=kind)
+        progress = _decay_progress(at_step, max(1, self.total), warmup, self.anchor)
+        return LRSchedule(total=total, warmup=warmup, kind=kind, anchor=(at_step, progress))
 
     def apply(self, optimizer: torch.optim.Optimizer, step: int) -> None:
         """Sets every parameter group's LR for optimizer step `step`, from its own peak."""
