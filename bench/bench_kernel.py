@@ -9,11 +9,13 @@ RandomResizedCrop 224 + flip, batch 64. Every measurement runs in a fresh child 
 * busy: each loader with ONE decode thread, its rate alone and beside a second thread of the
   same process that runs pure Python (a counting loop: what a host-bound training loop's main
   thread is), measured back to back `--rounds` times in the same child, the order swapped each
-  round; `kept` is the median of the rounds' busy / alone (alone and busy: the medians). Contenders: `pytorch` (the kernel's own threads), `pytorch_python` (the same
-  pipeline on the Python decode path, TURBOTRAIN_NATIVE=0: the code before the kernel),
-  `native_calls` (a Python thread pool whose threads each make one native call per batch: the
-  other mechanism issue 21 names), `pytorch_processes`, `ffcv` (numba), `dali_cpu`. Then the
-  same with 2 threads for threads vs processes (the plan's worker_mode rule).
+  round; `kept` is the median of the rounds' busy / alone (alone and busy: the medians).
+  Contenders (bench/registry.py CONTENDERS): `pytorch` (the kernel's own threads),
+  `pytorch_python` (the same pipeline on the Python decode path, TURBOTRAIN_NATIVE=0: the code
+  before the kernel), `native_calls` (a Python thread pool whose threads each make one native
+  call per batch: the other mechanism issue 21 names), `pytorch_processes`, `plain_ffcv`
+  (FFCV's Loader, numba) and `plain_dali` (DALI's own CPU pipeline). Then the same with 2
+  threads for threads vs processes (the plan's worker_mode rule).
 * stages: one thread decoding batches inline, timed inside the kernel (decode, resize) and
   around it (the Python per batch), as region decodes and as full decodes then crops; and the
   Python path's time per image for comparison.
@@ -43,7 +45,8 @@ sys.path.insert(0, str(ROOT))
 import common  # noqa: E402
 
 BATCH, SIZE = 64, 224
-BUSY = ["pytorch", "pytorch_python", "native_calls", "pytorch_processes", "ffcv", "dali_cpu"]
+BUSY = ["pytorch", "pytorch_python", "native_calls", "pytorch_processes", "plain_ffcv",
+        "plain_dali"]
 MODES = ["pytorch", "pytorch_processes"]  # 2 threads: the worker_mode rule
 KEPT_GOAL = 0.9  # issue 21: beside a Python-busy thread, 1 decode thread keeps >= 90 %
 PYTHON_PATH = {"TURBOTRAIN_NATIVE": "0"}
@@ -86,10 +89,10 @@ def loader(name: str, data: str, threads: int):
     from turbotrain.datasets import open_dataset
     from turbotrain.pipeline import PipelineOptions, build_pipeline
     from turbotrain.pipeline.pytorch import PyTorchPipeline
-    if name == "ffcv":
-        return bench_pipelines.ffcv_epochs("ffcv", data, batch_size=BATCH, image_size=SIZE,
-                                           workers=threads)
-    if name == "dali_cpu":
+    if name == "plain_ffcv":
+        return bench_pipelines.ffcv_epochs("plain_ffcv", data, batch_size=BATCH,
+                                           image_size=SIZE, workers=threads)
+    if name == "plain_dali":
         return bench_pipelines.dali_epochs(data, batch_size=BATCH, image_size=SIZE,
                                            workers=threads)
     dataset = open_dataset(data, "train")

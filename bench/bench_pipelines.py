@@ -1,4 +1,5 @@
-"""Input pipelines side by side: ours (`pytorch`, `resident`) against FFCV, DALI and torchvision.
+"""Input pipelines side by side: ours (`pytorch`, `resident`) against FFCV, DALI and torchvision
+used directly (`plain_ffcv`, `plain_dali`, `plain_torchvision`: bench/registry.py CONTENDERS).
 
     .venv/bin/python bench/bench_pipelines.py [--images 3000] [--batches 100] [--rounds 2]
 
@@ -17,8 +18,9 @@ contenders run `--rounds` times, interleaved, and the best round counts (the mac
 the load average at each run is recorded). Writes bench/results/pipelines.json and prints
 the table with the ratios the issue asks for.
 
-torchvision runs twice: `torchvision` with stock pillow (what `pip install torchvision` gives;
-the goal's baseline) and `torchvision_simd` with this venv's pillow-simd (a comparison, no goal).
+torchvision runs twice: `plain_torchvision` with stock pillow (what `pip install torchvision`
+gives; the goal's baseline) and `plain_torchvision_simd` with this venv's pillow-simd (a
+comparison, no goal).
 """
 from __future__ import annotations
 
@@ -43,28 +45,29 @@ WORKERS = 2  # both cores of the build machine; every contender gets the same
 CONTENDERS = {
     "pytorch": ("photos", "turbotrain pytorch pipeline (threads)"),
     "pytorch_processes": ("photos", "turbotrain pytorch pipeline, DataLoader worker processes"),
-    "ffcv": ("photos", "FFCV Loader: RandomResizedCropRGBImageDecoder + flip, os_cache"),
-    "dali_cpu": ("photos", "DALI CPU: external_source + image_random_crop + resize + flip"),
-    "torchvision": ("photo_folder", "torchvision ImageFolder + PIL, DataLoader 2 workers "
-                    "(stock pillow, as pip installs it)"),
-    "torchvision_simd": ("photo_folder", "the same with pillow-simd (AVX2), as make install "
-                         "builds it"),
+    "plain_ffcv": ("photos", "FFCV Loader: RandomResizedCropRGBImageDecoder + flip, os_cache"),
+    "plain_dali": ("photos", "DALI CPU: external_source + image_random_crop + resize + flip"),
+    "plain_torchvision": ("photo_folder", "torchvision ImageFolder + PIL, DataLoader 2 "
+                          "workers (stock pillow, as pip installs it)"),
+    "plain_torchvision_simd": ("photo_folder", "the same with pillow-simd (AVX2), as make "
+                               "install builds it"),
     "bare_decode": ("photos", "simplejpeg full decode of the stored bytes, 2 threads"),
     "resident_cifar": ("cifar", "turbotrain resident pipeline, raw 32x32, pad-crop + flip"),
-    "ffcv_cifar": ("cifar", "FFCV Loader: SimpleRGBImageDecoder + flip + RandomTranslate"),
+    "plain_ffcv_cifar": ("cifar", "FFCV Loader: SimpleRGBImageDecoder + flip + "
+                         "RandomTranslate"),
     "pytorch_cifar": ("cifar", "turbotrain pytorch pipeline on the raw 32x32 split"),
 }
 PER_SECOND, PER_CPU_SECOND = "images_per_second", "images_per_cpu_second"
 GOALS = [  # (ours, theirs, minimum ratio or None: a comparison only, of which metric)
-    ("pytorch", "ffcv", 2.0, PER_SECOND),
-    ("pytorch", "ffcv", 1.5, PER_CPU_SECOND),
-    ("pytorch", "dali_cpu", 1.5, PER_SECOND),
+    ("pytorch", "plain_ffcv", 2.0, PER_SECOND),
+    ("pytorch", "plain_ffcv", 1.5, PER_CPU_SECOND),
+    ("pytorch", "plain_dali", 1.5, PER_SECOND),
     # bare_decode: simplejpeg's full decode of the same bytes on the same threads. The kernel
     # decodes only the crop's rows and iMCU columns, so it can beat a full decode.
     ("pytorch", "bare_decode", 1.0, PER_SECOND),
-    ("pytorch", "torchvision", 3.0, PER_SECOND),
-    ("pytorch", "torchvision_simd", None, PER_SECOND),  # no goal: what pillow-simd gives it
-    ("resident_cifar", "ffcv_cifar", 3.0, PER_SECOND),
+    ("pytorch", "plain_torchvision", 3.0, PER_SECOND),
+    ("pytorch", "plain_torchvision_simd", None, PER_SECOND),  # no goal: pillow-simd's worth
+    ("resident_cifar", "plain_ffcv_cifar", 3.0, PER_SECOND),
 ]
 
 
@@ -179,7 +182,7 @@ def ffcv_epochs(name: str, data: str, *, batch_size: int, image_size: int, worke
     from ffcv.transforms import RandomHorizontalFlip, RandomTranslate, ToTensor, ToTorchImage
 
     from turbotrain.pipeline.augment import SMALL_IMAGE_PADDING  # the same shift as `resident`
-    if name == "ffcv_cifar":
+    if name == "plain_ffcv_cifar":
         image = [SimpleRGBImageDecoder(), RandomHorizontalFlip(),
                  RandomTranslate(padding=SMALL_IMAGE_PADDING),
                  ToTensor(), ToTorchImage()]
@@ -253,13 +256,14 @@ def _torchvision(name: str, data: str, args) -> dict:
 
 
 RUNNERS = {"pytorch": _ours, "pytorch_processes": _ours, "bare_decode": _ours,
-           "resident_cifar": _ours, "pytorch_cifar": _ours, "ffcv": _ffcv, "ffcv_cifar": _ffcv,
-           "dali_cpu": _dali, "torchvision": _torchvision, "torchvision_simd": _torchvision}
+           "resident_cifar": _ours, "pytorch_cifar": _ours, "plain_ffcv": _ffcv,
+           "plain_ffcv_cifar": _ffcv, "plain_dali": _dali, "plain_torchvision": _torchvision,
+           "plain_torchvision_simd": _torchvision}
 # torchvision's baseline is what `pip install torchvision` gives a user: stock pillow. This venv
 # holds pillow-simd (make install builds it), so that side runs with stock pillow first on
 # PYTHONPATH, installed once with `pip install --target` (bench_pillow.py's folder), and
-# torchvision_simd shows what pillow-simd alone buys torchvision.
-STOCK_PILLOW_SIDES = {"torchvision"}
+# plain_torchvision_simd shows what pillow-simd alone buys torchvision.
+STOCK_PILLOW_SIDES = {"plain_torchvision"}
 
 
 def child(args) -> int:

@@ -7,14 +7,18 @@
   neighbour hurts all alike, and the best round counting.
 * `ratio_goal`, `command_line`, `write_results`: what every result file holds besides its
   numbers: its goals (bench/report.py reads them from the JSON, never from a copy of its
-  own), the exact command and the JSON itself.
+  own), the exact command, when it was measured and on which machine (`machine`), and the
+  JSON itself.
 
 Scripts import it as `common` (bench/ is the script's folder, hence first on sys.path).
 """
 from __future__ import annotations
 
+import datetime
+import glob
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -130,7 +134,58 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return " ".join(["python", f"bench/{Path(script).name}", *args])
 
 
+def simd(flags: frozenset[str]) -> str:
+    """The CPU's widest vector instructions: they change what a decode and a training step
+    cost (`train` picks bf16 only on avx512_bf16 or AMX), so rates from two boxes that differ
+    here do not compare."""
+    if "avx512f" in flags:
+        extras = [name for flag, name in (("avx512_bf16", "bf16"), ("amx_tile", "AMX"))
+                  if flag in flags]
+        return " + ".join(["AVX-512", *extras])
+    return "AVX2 without AVX-512" if "avx2" in flags else "no AVX2"
+
+
+def gpu_name() -> str | None:
+    """The first GPU's name: torch's, when this process has torch loaded (never imported
+    here: a script's parent process may not need it), else the NVIDIA driver's."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    for information in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        try:
+            lines = Path(information).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line.startswith("Model:"):
+                return line.partition(":")[2].strip()
+    return None
+
+
+def machine() -> dict:
+    """The machine this process runs on, as a result file records it (BENCHMARKS.md names it
+    in the section; the Machines table lists each one once)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from turbotrain.host import available_cores, cpu_info  # no torch
+    try:
+        from importlib.metadata import version
+        torch_version = version("torch")
+    except Exception:  # noqa: BLE001 - absent or broken metadata: say unknown
+        torch_version = "unknown"
+    cpu = cpu_info()
+    return {"cpu": cpu.model or platform.processor() or "unknown", "cores": available_cores(),
+            "simd": simd(cpu.flags) if cpu.read else None, "gpu": gpu_name(),
+            "torch": torch_version, "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+
+
 def write_results(path: Path, result: dict) -> Path:
+    """Writes a result file: `result` plus when it was measured and the machine (a result
+    that brings its own, e.g. a test's, keeps it)."""
+    stamped = {"measured": datetime.datetime.now().isoformat(timespec="seconds"),
+               "machine": machine(), **result}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    path.write_text(json.dumps(stamped, indent=2, default=str) + "\n")
     return path

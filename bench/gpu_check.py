@@ -18,7 +18,7 @@ where the wheels are. It says plainly which engines are missing and measures wha
 * the pipeline table: a ResNet-50 training step at 224 px (bf16 autocast, channels_last,
   torch.compile, fused SGD) fed by each pipeline, against the same step on a synthetic uint8
   batch already on the GPU (the upper bound: no loader at all). The goal is every pipeline
-  within 5 % of it. `torchvision-nvjpeg` (bench/gpu_sources.py) is GPU decode without DALI;
+  within 5 % of it. `plain_torchvision_nvjpeg` (bench/gpu_sources.py) is GPU decode without DALI;
 * with --all, first `pytest -m cuda`, then `train` itself at its defaults on `resident` and
   `dali` against its own synthetic bound, the `pytorch` pipeline's scaling over the cores,
   torch.compile modes side by side, and a small-data accuracy run (bench/gpu_all.py); it ends

@@ -1,5 +1,5 @@
 """What feeds the model in bench/gpu_check.py: our registered pipelines, DALI without the
-hardware decoder, FFCV, and `torchvision-nvjpeg`, a GPU decode path without DALI
+hardware decoder, FFCV, and `plain_torchvision_nvjpeg`, a GPU decode path without DALI
 (torchvision.io's batched ``decode_jpeg(device="cuda")``, our crop boxes cut and resized on the
 device). It is measured here, not registered: it becomes a pipeline only if it reaches 90 % of
 the synthetic bound (gpu_check's verdict line says which).
@@ -54,7 +54,7 @@ class TorchvisionDecode:
     boxes cut, resized and flipped for the whole batch at once: one grid_sample per distinct
     image size, the same resampler as `resident` on CUDA (batched_crops.ResizedCrops). Same
     order and boxes as every pipeline."""
-    name = "torchvision-nvjpeg"
+    name = "plain_torchvision_nvjpeg"
 
     def __init__(self, dataset, settings, seed: int = 0):
         from turbotrain.pipeline.order import SampleOrder
@@ -118,7 +118,7 @@ def sources(dataset, settings, report):
         from turbotrain.pipeline.dali import DaliPipeline
         out.append(("dali", lambda: build_pipeline("dali", dataset, **options)))
         if device.type == "cuda":  # default: hardware decoder where present; 0: CUDA only
-            out.append(("dali-no-hw-decoder", lambda: DaliPipeline(
+            out.append(("dali_no_hw_decoder", lambda: DaliPipeline(
                 dataset, PipelineOptions(**options), hw_decoder_load=0.0)))
     if report.engines["ffcv"]:
         out.append(("ffcv", lambda: build_pipeline("ffcv", dataset, **options)))

@@ -1,694 +1,46 @@
-"""BENCHMARKS.md from the JSON the benchmarks leave in bench/results/ (rendered, never measured).
+"""BENCHMARKS.md from bench/results/*.json and the hand-kept bench/NOTES.md (rendered, never
+measured).
 
     .venv/bin/python bench/report.py [--results bench/results] [--output BENCHMARKS.md]
 
 `bench/run_all.py` calls `render` after running the suite (and alone with --render-only). The
-file opens with the machine the numbers came from (run_all.json, written by run_all at
-measurement time; else this machine, said so) and a table of every goal next to its measured
-ratio; then one section per benchmark with its table and its exact command, and plots
-(pipelines.png, time_to_accuracy.png) beside the JSON. A benchmark without results says so,
-and so does the GPU section when no GPU table was measured. The goals come from the JSON: each
-script writes its own (bench/common.py ratio_goal; gpu_check.py its "pipeline_goal"), so this
-file keeps no copy of a threshold.
+document is a function of tracked files only, so rendering it again anywhere changes nothing
+but what changed in them:
+
+* bench/results/NAME.json: each benchmark's numbers, its command, when and on which machine it
+  measured them (bench/common.py write_results);
+* bench/results/run_all.json: what the last `make bench` could not run (absent, skipped, failed);
+* bench/NOTES.md: what people wrote about the results, beyond what the JSON holds. It is never
+  written here, so a render cannot erase it; each `## NAME` goes into that section.
+
+It opens with the Machines table (every machine that measured a section, once, as a letter the
+sections cite), the Goals table (every goal next to its measured ratio) and the Contenders
+table (bench/registry.py CONTENDERS); then one section per benchmark of bench/registry.py, in
+its order: its command, when and on which machine, its tables (bench/sections.py), its notes.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
-import os
-import platform
+import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from registry import BENCHMARKS, BY_NAME, CONTENDERS, Benchmark  # noqa: E402
+from sections import RENDERERS, Body, Goal, Where, md_table, met_text  # noqa: E402
+
 RESULTS_DIR = ROOT / "results"
 OUTPUT = REPO / "BENCHMARKS.md"
-RUN_ALL_NAME = "run_all.json"  # machine + per-script status, written by run_all.py
-
-
-@dataclass
-class Goal:
-    benchmark: str
-    what: str
-    goal: str
-    measured: str
-    met: bool | None  # None: nothing measured
-
-
-@dataclass(frozen=True)
-class Where:
-    """Where the renderers put their plots and how the document links to them."""
-    results: Path  # the JSON folder; plots are written beside it
-    document: Path  # BENCHMARKS.md
-
-    def plot(self, name: str) -> Path:
-        return self.results / name
-
-    def link(self, plot: Path) -> str:
-        return os.path.relpath(plot, self.document.parent)
-
-
-@dataclass
-class Body:
-    lines: list[str] = field(default_factory=list)
-    goals: list[Goal] = field(default_factory=list)
-
-
-# -- formatting -----------------------------------------------------------------------------------
-def md_table(headers: list[str], rows: list[list]) -> list[str]:
-    def cell(value) -> str:
-        return "-" if value is None else str(value).replace("|", "\\|")
-    lines = ["| " + " | ".join(headers) + " |",
-             "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return lines + [""]
-
-
-def rate(value) -> str | None:
-    return None if value is None else f"{value:,.0f}"
-
-
-def times(value) -> str | None:
-    return None if value is None else f"{value:.2f}x"
-
-
-def met_text(met: bool | None) -> str:
-    return {True: "met", False: "**not met**", None: "not measured"}[met]
-
-
-def recorded_goals(data: dict, benchmark: str) -> list[Goal]:
-    """The goals a script wrote into its JSON (bench/common.py ratio_goal, or a time limit:
-    "seconds" under "goal_seconds")."""
-    goals = []
-    for g in data.get("goals", []):
-        if "goal_seconds" in g:
-            goals.append(Goal(benchmark, g["what"], f"< {g['goal_seconds']:g} s",
-                              f"{g['seconds']:.2f} s", g.get("met")))
-        else:
-            goals.append(Goal(benchmark, g["what"], f">= {g['goal']:g}x",
-                              times(g.get("ratio")) or "-", g.get("met")))
-    return goals
-
-
-def machine_here() -> dict:
-    """This machine, for when run_all.json did not record the measuring one."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from turbotrain.host import cpu_info  # the one reader of /proc/cpuinfo; no torch
-    try:
-        from importlib.metadata import version
-        torch_version = version("torch")
-    except Exception:  # noqa: BLE001 - absent or broken metadata: say unknown
-        torch_version = "unknown"
-    return {"cpu": cpu_info().model, "cores": len(os.sched_getaffinity(0)), "python":
-            platform.python_version(), "torch": torch_version, "platform": platform.platform(),
-            "date": datetime.datetime.now().isoformat(timespec="minutes"), "gpu": None}
-
-
-# -- one renderer per benchmark -------------------------------------------------------------------
-def render_prepare(data: dict, where: Where) -> Body:
-    goals = recorded_goals(data, "prepare")
-    body = Body(md_table(["images", "turbotrain prepare (images/s)",
-                          "FFCV DatasetWriter (images/s)", "ratio", "goal"],
-                         [[data.get("images"), rate(data.get("turbotrain_images_per_second")),
-                           rate(data.get("ffcv_images_per_second")),
-                           times(data.get("speedup")), goals[0].goal if goals else None]]),
-                goals)
-    body.lines.insert(0, "Photo-like 500x375 q90 JPEGs to a .beton, 2 workers each, each a fresh "
-                         "process (start-up counts), best of the repeats.\n")
-    return body
-
-
-def render_sources(data: dict, where: Where) -> Body:
-    goals = recorded_goals(data, "sources")
-    rates, ratios = data.get("images_per_second", {}), data.get("ratios", {})
-    rows = [[kind, rate(rates.get(kind)), times(ratios.get(kind)) if kind in ratios else "1.00x"]
-            for kind in ("imagefolder", "webdataset", "parquet")]
-    body = Body(md_table(["source", "prepare-dataset (images/s)", "vs ImageFolder"], rows),
-                goals)
-    body.lines.insert(0, f"The same {data.get('images', '?')} photo-like 500x375 q90 JPEGs as an "
-                         "ImageFolder, WebDataset .tar shards and Parquet (100-row groups), 2 "
-                         "workers, each a fresh process, best of the repeats.\n")
-    return body
-
-
-def render_pipelines(data: dict, where: Where) -> Body:
-    rows = [[f"`{name}`", rate(r.get("images_per_second")), rate(r.get("images_per_cpu_second")),
-             r.get("what") if r.get("images_per_second") else _run_error(r)]
-            for name, r in data.get("results", {}).items()]
-    body = Body()
-    photos, cifar = data.get("photos", {}), data.get("cifar", {})
-    body.lines.append(f"Photos: {photos.get('images')} JPEGs {photos.get('size')}, "
-                      f"RandomResizedCrop {photos.get('image_size')} + flip, batch "
-                      f"{photos.get('batch_size')}. CIFAR-sized: {cifar.get('images')} images "
-                      f"{cifar.get('size')}, pad-crop + flip, batch {cifar.get('batch_size')}. "
-                      f"{data.get('workers')} workers each; best of {data.get('rounds')} "
-                      "interleaved rounds.\n")
-    body.lines += md_table(["pipeline", "images/s", "images per CPU-second", "what"], rows)
-    goal_rows = []
-    for g in data.get("goals", []):
-        metric = g.get("metric", "images_per_second")  # older results had no metric field
-        per_cpu = metric == "images_per_cpu_second"
-        pair = f"`{g['ours']}` / `{g['theirs']}`" + (" per CPU-second" if per_cpu else "")
-        wanted = f">= {g['goal']}x" if g.get("goal") else "none (comparison)"
-        goal_rows.append([pair, wanted, times(g.get("ratio_images_per_second")),
-                          times(g.get("ratio_images_per_cpu_second")),
-                          met_text(g.get("met")) if g.get("goal") else ""])
-        if g.get("goal"):
-            body.goals.append(Goal("pipelines", pair, wanted,
-                                   times(g.get(f"ratio_{metric}")) or "-", g.get("met")))
-    if goal_rows:
-        body.lines += md_table(["ours / theirs", "goal", "ratio (images/s)",
-                                "ratio (per CPU-second)", ""], goal_rows)
-    plot = plot_pipelines(data, where.plot("pipelines.png"))
-    if plot:
-        body.lines.append(f"![images/s per pipeline]({where.link(plot)})\n")
-    return body
-
-
-def render_engines(data: dict, where: Where) -> Body:
-    entries = data.get("results", {})
-    base = (entries.get("pytorch") or {}).get("images_per_second")
-    rows = [[f"`{name}`", rate(r.get("images_per_second")),
-             times(r["images_per_second"] / base) if r.get("images_per_second") and base else None,
-             r.get("what") if r.get("images_per_second") else _run_error(r)]
-            for name, r in entries.items()]
-    photos = data.get("photos", {})
-    body = Body([f"Our pipelines through the registry, as the trainer builds them: "
-                 f"{photos.get('images')} JPEGs {photos.get('size')}, RandomResizedCrop "
-                 f"{photos.get('image_size')} + flip, batch {photos.get('batch_size')}, "
-                 f"{data.get('workers')} threads, best of {data.get('rounds')} rounds. No "
-                 "numeric goal: this is how the engines compare on a CPU.\n"])
-    body.lines += md_table(["pipeline", "images/s", "vs pytorch", "what"], rows)
-    return body
-
-
-def render_pillow(data: dict, where: Where) -> Body:
-    if data.get("skipped"):
-        return Body([f"Not measured: {data['skipped']}.\n"])
-    rows = [[f"`{name}`", r.get("version"), rate(r.get("jpeg_images_per_second")),
-             _ms(r.get("decode_ms")), _ms(r.get("resize_ms")),
-             rate(r.get("png_prepare_images_per_second"))]
-            for name, r in data.get("results", {}).items()]
-    ratios = data.get("ratios", {})
-    body = Body([f"{data.get('images')} photo-like JPEGs {data.get('size')}: Image.open + "
-                 f"convert(\"RGB\"), then resize to {data.get('output')} (BILINEAR), one "
-                 f"thread, best of {data.get('rounds')} interleaved rounds; plain pillow from a "
-                 "`pip install --target` folder. PNG: prepare-dataset's one PIL path "
-                 "(`encode_sample` on the same images as PNGs). No numeric goal: turbotrain's own "
-                 "pipelines do not use PIL; this is what pillow-simd gives PIL-based loading.\n"])
-    body.lines += md_table(["PIL", "PIL.__version__", "JPEG decode + resize /s", "decode ms",
-                            "resize ms", "prepare PNG /s"], rows)
-    body.lines.append(f"pillow-simd / pillow: decode + resize "
-                      f"**{times(ratios.get('jpeg_decode_resize')) or 'n/a'}** (decode "
-                      f"{times(ratios.get('decode')) or 'n/a'}, resize "
-                      f"{times(ratios.get('resize')) or 'n/a'}); prepare-dataset on PNG sources "
-                      f"{times(ratios.get('png_prepare')) or 'n/a'}.\n")
-    return body
-
-
-def render_train_precision(data: dict, where: Where) -> Body:
-    rows = [[r["model"], r["image_size"], r["precision"],
-             "channels_last" if r["channels_last"] else "contiguous",
-             f"{r['images_per_second']:,.1f}", times(r.get("speedup_vs_fp32_contiguous"))]
-            for r in data.get("results", [])]
-    body = Body([f"The trainer's step (uint8 stem, label-smoothed loss, Nesterov SGD) on data "
-                 f"already in memory: {data.get('threads')} torch threads, batch "
-                 f"{data.get('batch_size')}, {data.get('steps')} timed steps, best of "
-                 f"{data.get('rounds')} rounds; CPU with native bf16: "
-                 f"{data.get('cpu_native_bf16')}. No numeric goal: these numbers are why `train` "
-                 "picks bf16 + channels_last on such CPUs.\n"])
-    body.lines += md_table(["model", "px", "precision", "memory format", "images/s",
-                            "vs fp32 contiguous"], rows)
-    return body
-
-
-def render_time_to_accuracy(data: dict, where: Where) -> Body:
-    target = data.get("target", 0.9)
-    ours, plain = data.get("turbotrain", {}), data.get("plain_pytorch", {})
-
-    def row(name: str, r: dict) -> list:
-        seconds = r.get("seconds_to_target")
-        return [name, f"{seconds:.1f}" if seconds is not None else "not reached",
-                r.get("epochs_to_target"), _percent(r.get("final_accuracy")),
-                _seconds(r.get("seconds_per_epoch")), rate(r.get("images_per_second")),
-                _seconds(r.get("process_seconds")), _seconds(r.get("prepare_seconds"))]
-    epochs = data.get("epochs")
-    body = Body([f"Fashion-MNIST ({data.get('train_images', 60000):,} train, "
-                 f"{data.get('test_images', 10000):,} test images), {epochs} "
-                 f"epoch{'' if epochs == 1 else 's'} each, compact28 on both sides; "
-                 f"`turbotrain train` with its defaults ({_settings(ours)}) against a plain "
-                 f"PyTorch script ({_settings(plain)}, per-sample torchvision transforms, "
-                 "DataLoader workers). Seconds to target: "
-                 "from the start of training, data loading and evaluation included, to the end "
-                 "of the first evaluation at the target.\n"])
-    if data.get("quick"):
-        body.lines.insert(0, "**Smoke run (--quick) on a slice of the data: not a "
-                             "measurement.**\n")
-    user = data.get("plain_pytorch_user_recipe")
-    runs = [row("turbotrain", ours), row("plain PyTorch", plain)]
-    if user:
-        runs.append(row("plain PyTorch, a user's recipe", user))
-    body.lines += md_table(["run", f"seconds to {target:.0%}", "epochs", "final accuracy",
-                            "s per epoch", "train images/s", "process s", "prepare s"], runs)
-    speedup = data.get("speedup")
-    body.goals = recorded_goals(data, "time_to_accuracy")
-    wanted = f" (goal {body.goals[0].goal})" if body.goals else ""
-    body.lines.append(f"Speedup: **{times(speedup) or 'n/a'}**{wanted}; counting the one-off "
-                      f"prepare: {times(data.get('speedup_with_prepare')) or 'n/a'}; per epoch "
-                      f"(after the first): {times(data.get('speedup_per_epoch')) or 'n/a'}. "
-                      "The plain script runs the trainer's recipe, so that only the engineering "
-                      "differs.\n")
-    if user:
-        bound = "at least " if data.get("speedup_vs_user_recipe_is_lower_bound") else ""
-        body.lines.append(
-            f"With a user's recipe instead ({user.get('settings', {}).get('recipe', 'Adam')}), "
-            f"the same plain script {'reached' if user.get('seconds_to_target') is not None else 'did not reach'} "
-            f"{target:.0%} in {epochs} epochs (final {_percent(user.get('final_accuracy'))}): "
-            f"turbotrain is {bound}{times(data.get('speedup_vs_user_recipe')) or 'n/a'} faster "
-            "to the target (no goal: this is what the recipe is worth on top).\n")
-    plot = plot_time_to_accuracy(data, where.plot("time_to_accuracy.png"))
-    if plot:
-        body.lines.append(f"![val accuracy against wall time]({where.link(plot)})\n")
-    return body
-
-
-def render_ddp(data: dict, where: Where) -> Body:
-    rows = []
-    for r in data.get("results", []):
-        reduce = r.get("gradient_allreduce") or {}
-        rows.append([r.get("model"), r.get("layout"), rate(r.get("images_per_second")),
-                     times(r.get("speedup_vs_one_process")) or "-",
-                     _percent(r.get("data_wait_fraction")),
-                     f"{reduce['gradient_megabytes']:.1f} MB in {reduce['median_ms']:.2f} ms "
-                     f"(median)" if reduce else "-"])
-    body = Body([f"`train` as one process vs two under `torchrun` (DDP over Gloo) on the same "
-                 f"{data.get('cores')}-core CPU: global batch {data.get('global_batch')}, the "
-                 f"trainer's own images/s, best of {data.get('rounds')} interleaved rounds. The "
-                 "all-reduce is timed alone, between two processes. No numeric goal: on one CPU "
-                 "the processes share the same cores, so this shows the cost of DDP's "
-                 "machinery rather than scaling.\n"])
-    body.lines += md_table(["model", "layout", "images/s", "vs one process", "data wait",
-                            "gradient all-reduce"], rows)
-    return body
-
-
-def render_loader(data: dict, where: Where) -> Body:
-    return _against_train(data, "loader", "`turbotrain.Loader` in a plain loop (forward, "
-                          "cross-entropy, backward, SGD step)")
-
-
-def render_lightning(data: dict, where: Where) -> Body:
-    body = _against_train(data, "lightning", "Lightning's `Trainer.fit` with "
-                          "`TurbotrainDataModule` (no logger, progress bar or checkpoints)")
-    profile = data.get("profile")
-    if profile:
-        body.lines.append(f"\nWhere the fit's {profile['fit_seconds']:.1f} s went (Lightning's "
-                          "SimpleProfiler, one more run; nested actions include their "
-                          "children):\n")
-        body.lines += md_table(["action", "seconds"], [[f"`{action}`", f"{seconds:.3f}"]
-                                                       for action, seconds in
-                                                       profile["actions"].items()])
-    elif data.get("profile_error"):
-        body.lines.append(f"\nThe profiled run failed: {data['profile_error']}\n")
-    return body
-
-
-def _against_train(data: dict, ours: str, what: str) -> Body:
-    """bench_loader.py / bench_lightning.py: `ours` against `train`, same settings."""
-    results = data.get("results", {})
-    rows = []
-    for name, label in ((ours, what), ("train", "the `train` command (its summary.json)")):
-        result = results.get(name, {})
-        rows.append([f"`{name}`", rate(result.get("images_per_second")) or _run_error(result),
-                     label])
-    body = Body([f"{data.get('model')} at {data.get('image_size')} px, batch "
-                 f"{data.get('batch_size')}, {data.get('precision')}, the "
-                 f"`{data.get('pipeline')}` pipeline on {data.get('images')} photos: "
-                 f"{data.get('steps')} steps of which {data.get('warmup_steps')} warm-up, "
-                 f"{data.get('rounds')} interleaved rounds (the order swapped every round), "
-                 f"each run in a fresh process; images/s: the best run. {ours} / train, the "
-                 f"median of the rounds' ratios: **{times(data.get('ratio')) or 'n/a'}**.\n"])
-    body.lines += md_table(["contender", "images/s", "what"], rows)
-    body.goals = recorded_goals(data, ours)
-    return body
-
-
-def render_predict(data: dict, where: Where) -> Body:
-    results = data.get("results", {})
-    body = Body([f"`turbotrain predict` on a folder of {data.get('images')} JPEGs "
-                 f"{data.get('size')} against the eval pipeline (`pytorch`, train=False) on "
-                 f"the dataset `prepare-dataset` made of the same files: batch "
-                 f"{data.get('batch_size')}, {data.get('workers')} input threads, best of "
-                 f"{data.get('rounds')} interleaved rounds. *Input*: predict's batch source "
-                 "(read, store as prepare would, decode and crop with the pipeline's decoder) "
-                 "against the pipeline alone; *command*: the whole `predict` and `eval` "
-                 "commands with the same model (airbench, random weights), each one's own "
-                 "images/s.\n"])
-    rows = [[f"input, {size} px", rate(r.get("predict")), rate(r.get("eval_pipeline")),
-             times(r.get("ratio"))] for size, r in results.get("input", {}).items()]
-    command = results.get("command") or {}
-    if command:
-        rows.append(["command, 64 px", rate(command.get("predict")), rate(command.get("eval")),
-                     times(command.get("ratio"))])
-    body.lines += md_table(["what", "predict (images/s)", "eval (images/s)", "ratio"], rows)
-    loads = [[f"`{model}`", f"{r['load_seconds']:.2f}", f"{r['bytes'] / 1e6:.0f} MB",
-              f"{r['process_seconds']:.1f}"] for model, r in data.get("load", {}).items()]
-    if loads:
-        body.lines += md_table(["weights", "load (s)", "file", "whole predict of one image (s)"],
-                               loads)
-    body.goals += recorded_goals(data, "predict")
-    return body
-
-
-def render_order(data: dict, where: Where) -> Body:
-    best = data.get("best") or {}
-    rows = [[f"`{name}`", rate((best.get(name) or {}).get("images_per_second")),
-             rate((best.get(name) or {}).get("stored_mib_per_second")),
-             (best.get(name) or {}).get("cache_drops"),
-             what if (best.get(name) or {}).get("images_per_second") else
-             _run_error({"runs": (data.get("runs") or {}).get(name, [])})]
-            for name, what in (data.get("contenders") or {}).items()]
-    body = Body([f"A split of {data.get('split_mib')} MiB of raw images "
-                 f"({rate(data.get('sample_bytes'))} bytes each) read with a page-cache limit of "
-                 f"{data.get('limit_mib')} MiB (the loader drops the file from the cache past "
-                 f"it; read_ahead_kb {data.get('read_ahead_kb')}), each contender in a fresh "
-                 f"process, best of the interleaved rounds. The absolute numbers are this "
-                 "machine's virtual disk; the ratio is the point.\n"])
-    body.lines += md_table(["contender", "images/s", "MiB/s stored", "cache drops", "what"], rows)
-    body.lines.append("Quasi-random / random: " + "; ".join(
-        f"{r['what']} **{times(r.get('ratio')) or 'n/a'}**" for r in data.get("ratios", []))
-        + ".\n")
-    body.goals += recorded_goals(data, "order")
-    return body
-
-
-def render_remote(data: dict, where: Where) -> Body:
-    split, read = data.get("split") or {}, data.get("read") or {}
-    ratios = data.get("ratios") or {}
-    body = Body([f"Through `open_dataset`, against a local S3-compatible server (moto's, in "
-                 f"the benchmark's process): every sample of a {split.get('shards')}-shard "
-                 f"split of {rate(split.get('samples'))} raw {split.get('side')} px images, read "
-                 "shard after shard (shuffled within each, no decode), each read in a fresh "
-                 f"process, best of {data.get('rounds')} interleaved rounds.\n"])
-    body.lines += md_table(
-        ["read from", "samples/s", "MB/s of shards", "vs local"],
-        [["local folder", rate(read.get("local_images_per_second")), None, None],
-         ["s3://, warm cache", rate(read.get("warm_images_per_second")), None,
-          times(ratios.get("warm_vs_local"))],
-         ["s3://, empty cache (downloads included)", rate(read.get("cold_images_per_second")),
-          rate(read.get("cold_mb_per_second")), None],
-         ["the store alone (obstore downloads)", None, rate(read.get("store_mb_per_second")),
-          None]])
-    body.lines.append(f"Empty cache / the store's own bandwidth: "
-                      f"**{times(ratios.get('cold_vs_store')) or 'n/a'}** of its MB/s (no goal: "
-                      "what a first epoch from object storage costs here).\n")
-    clients = data.get("results") or {}
-    body.lines.append(f"Object-store clients, each in a fresh process: {data.get('shards')} "
-                      f"whole shards of {data.get('shard_mib')} MiB, and a shard's metadata "
-                      "(two range reads: header + field descriptors, then a 10,000-row table), "
-                      f"best of {data.get('rounds')} rounds.\n")
-    body.lines += md_table(["client", "version", "whole shards (MB/s)", "metadata (ms)"],
-                           [[f"`{name}`", r.get("version"), rate(r.get("whole_mb_per_second")),
-                             _ms(r.get("metadata_ms"))] for name, r in clients.items()])
-    body.lines.append(f"obstore / s3fs: whole shards {times(ratios.get('whole')) or 'n/a'}, "
-                      f"metadata {times(ratios.get('metadata')) or 'n/a'} faster (no goal: why "
-                      "turbotrain reads through obstore).\n")
-    body.goals += recorded_goals(data, "remote")
-    return body
-
-
-def render_demo(data: dict, where: Where) -> Body:
-    demo, budgets = data.get("demo") or {}, data.get("budgets") or []
-    body = Body([])
-    if demo:
-        body.lines.append(f"`turbotrain demo`, end to end in a fresh process: training "
-                          f"**{demo.get('train_seconds')} s** ({demo.get('model')} at "
-                          f"{demo.get('image_size')} px, {demo.get('precision')}, "
-                          f"{demo.get('epochs')} epochs), val accuracy "
-                          f"**{_percent(demo.get('val_accuracy'))}**, "
-                          f"{demo.get('total_seconds')} s in all with writing and preparing "
-                          "the images.\n")
-    body.lines.append("`train --time-budget B` on the demo's prepared dataset "
-                      f"({' '.join((budgets[0].get('flags') or []) if budgets else [])}), "
-                      "each in a fresh process:\n")
-    body.lines += md_table(["budget", "training time", "used", "epochs", "val accuracy"],
-                           [[f"{b['budget_seconds']:g} s", f"{b['train_seconds']} s",
-                             _percent(b.get("used_fraction")), b.get("epochs"),
-                             _percent(b.get("val_accuracy"))] for b in budgets])
-    body.goals += recorded_goals(data, "demo")
-    return body
-
-
-def _ms(value) -> str | None:
-    return None if value is None else f"{value:.2f}"
-
-
-def _percent(value) -> str | None:
-    return None if value is None else f"{value:.2%}"
-
-
-def _seconds(value) -> str | None:
-    return None if value is None else f"{value:.1f}"
-
-
-def _settings(result: dict) -> str:
-    s = result.get("settings") or {}
-    parts = [s.get("precision"), "channels_last" if s.get("channels_last") else "contiguous",
-             f"{s.get('pipeline')} pipeline" if s.get("pipeline") else None,
-             f"batch {s.get('batch_size')}" if s.get("batch_size") else None,
-             f"{s.get('torch_threads')} torch threads" if s.get("torch_threads") else None]
-    return ", ".join(p for p in parts if p) or "settings not recorded"
-
-
-def _run_error(result: dict) -> str:
-    errors = [r.get("error") for r in result.get("runs", []) if r.get("error")]
-    return f"failed: {errors[-1]}" if errors else "no result"
-
-
-# -- plots (matplotlib Agg: no display) -----------------------------------------------------------
-def _pyplot():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def plot_pipelines(data: dict, path: Path) -> Path | None:
-    """Bars of images/s: photo pipelines (with bare decode as a line: the ceiling a decode-bound
-    pipeline cannot pass) and, on their own axis, the 100x faster CIFAR-sized ones."""
-    results = {n: r["images_per_second"] for n, r in data.get("results", {}).items()
-               if r.get("images_per_second")}
-    if not results:
-        return None
-    bare = results.pop("bare_decode", None)
-    photos = {n: v for n, v in results.items() if not n.endswith("_cifar")}
-    cifar = {n: v for n, v in results.items() if n.endswith("_cifar")}
-    plt = _pyplot()
-    panels = [(p, t) for p, t in ((photos, "photos: 224 px from ~500x375 JPEGs"),
-                                  (cifar, "CIFAR-sized: 32 px raw")) if p]
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False,
-                             constrained_layout=True)
-    for ax, (values, title) in zip(axes[0], panels):
-        names = list(values)
-        colours = ["C0" if n.startswith(("pytorch", "resident")) else "C7" for n in names]
-        bars = ax.bar(names, [values[n] for n in names], color=colours)
-        ax.bar_label(bars, labels=[f"{values[n]:,.0f}" for n in names], fontsize=8)
-        if bare and values is photos:
-            ax.axhline(bare, color="C3", ls="--", lw=1.2, label=f"bare decode {bare:,.0f}/s")
-            ax.legend(loc="upper right", fontsize=8)
-        ax.set(title=title, ylabel="images/s")
-        ax.tick_params(axis="x", rotation=30, labelsize=8)
-        ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("Input pipelines (blue: turbotrain, grey: others)", fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
-
-
-def plot_time_to_accuracy(data: dict, path: Path) -> Path | None:
-    sides = [(key, name, (data.get(key) or {}).get("curve") or []) for key, name in
-             (("turbotrain", "turbotrain (defaults)"), ("plain_pytorch", "plain PyTorch"),
-              ("plain_pytorch_user_recipe", "plain PyTorch, a user's recipe (Adam)"))]
-    if not any(points for _, _, points in sides):
-        return None
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2), constrained_layout=True)
-    target = data.get("target", 0.9)
-    for colour, (key, name, points) in zip(("C0", "C1", "C2"), sides):
-        if not points:
-            continue
-        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour, label=name)
-        reached = data[key].get("seconds_to_target")
-        if reached is not None:
-            ax.axvline(reached, color=colour, ls=":", lw=1)
-            ax.annotate(f"{reached:.0f} s", (reached, target), textcoords="offset points",
-                        xytext=(4, -12), color=colour, fontsize=8)
-    ax.axhline(target, color="C3", ls="--", lw=1, label=f"target {target:.0%}")
-    ax.set(xlabel="wall seconds since training started", ylabel="val accuracy",
-           title="Fashion-MNIST: val accuracy after each epoch")
-    ax.set_xlim(left=0)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")  # where it hides the fewest points
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
-
-def render_kernel(data: dict, where: Where) -> Body:
-    busy, modes, stages = data.get("busy", {}), data.get("modes", {}), data.get("stages", {})
-    body = Body([f"The compiled decode kernel. {data.get('images')} photo-like JPEGs "
-                 f"{data.get('size')}, RandomResizedCrop {data.get('image_size')} + flip, batch "
-                 f"{data.get('batch_size')}, every measurement a fresh process. *Beside a "
-                 "Python-busy thread*: a second thread of the same process runs a pure-Python "
-                 "counting loop (what a host-bound training loop's main thread is) while the "
-                 "loader is consumed; alone and busy run back to back in the same process, "
-                 "the order swapped each round, and *kept* is the median of the rounds' "
-                 "busy / alone. `pytorch_python` is the same pipeline on the Python decode path "
-                 "(TURBOTRAIN_NATIVE=0, the code before the kernel); `native_calls` is a Python "
-                 "thread pool making one native call per batch (the mechanism not chosen).\n"])
-
-    def kept_rows(results: dict) -> list[list]:
-        return [[f"`{name}`", rate(r.get("alone")), rate(r.get("busy")),
-                 f"{r['kept']:.0%}" if "kept" in r else f"failed: {r.get('error')}"]
-                for name, r in results.items()]
-    headers = ["loader", "alone (images/s)", "beside a busy thread", "kept"]
-    body.lines += ["One decode thread:\n"] + md_table(headers, kept_rows(busy))
-    if modes:
-        body.lines += ["Two decode threads (the plan's worker_mode rule):\n"]
-        body.lines += md_table(headers, kept_rows(modes))
-    if stages:
-        rows = []
-        for label, what in (("region", "region decode (the pipelines')"),
-                            ("full", "full decode, then crop")):
-            r = stages.get(label) or {}
-            per_image = r.get("python_per_batch_us", 0) / (data.get("batch_size") or 1)
-            rows.append([what, f"{per_image:.1f}", _us(r.get("decode_us")),
-                         _us(r.get("resize_us"))])
-        body.lines += ["Where one sample's time goes, one thread (µs per image; *Python* is "
-                       "the per-batch table building divided by the batch):\n"]
-        body.lines += md_table(["kernel", "Python", "decode", "resize + flip"], rows)
-        body.lines.append(f"The Python decode path: {_us(stages.get('python_path_us'))} µs "
-                          "per image, everything included.\n")
-    feed = data.get("feed") or {}
-    if "before_us" in feed:
-        body.lines.append(f"DALI's feed (graph_inputs' payloads and header checks): "
-                          f"{feed['before_us']:.1f} µs per image as a per-sample Python loop, "
-                          f"{feed['after_us']:.1f} µs vectorised with one native header "
-                          "check per batch.\n")
-    use = data.get("use") or {}
-    if use:
-        rows = [[path, rate((use.get(key) or {}).get("predict_images_per_second")),
-                 f"{(use.get(key) or {}).get('resident_load_s', float('nan')):.2f} s"]
-                for key, path in (("python", "Python decode path (before)"),
-                                  ("native", "native kernel"))]
-        body.lines += md_table(["", "predict input (images/s)", "resident load (s)"], rows)
-    body.goals += recorded_goals(data, "kernel")
-    return body
-
-
-def _us(value) -> str | None:
-    return None if value is None else f"{value:,.0f}"
-
-
-# -- the document ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Section:
-    stem: str  # bench/results/<stem>.json, written by bench/bench_<stem>.py
-    title: str
-    render: Callable[[dict, Where], Body]
-
-    @property
-    def command(self) -> str:
-        """The script's default run; the command a JSON records, else run_all's, wins."""
-        return f"python bench/bench_{self.stem}.py"
-
-
-SECTIONS = [
-    Section("prepare", "Dataset conversion: prepare-dataset vs FFCV", render_prepare),
-    Section("sources", "Conversion speed by source: ImageFolder, WebDataset, Parquet",
-            render_sources),
-    Section("pipelines", "Input pipelines: ours vs FFCV, DALI, torchvision", render_pipelines),
-    Section("kernel", "The compiled decode kernel: beside a busy thread, per stage",
-            render_kernel),
-    Section("engines", "Our pipeline engines on one file: pytorch, dali, ffcv", render_engines),
-    Section("pillow", "PIL decode + resize: pillow-simd vs pillow", render_pillow),
-    Section("train_precision", "Training step: precision and memory format",
-            render_train_precision),
-    Section("time_to_accuracy", "Time to 90 % on Fashion-MNIST (issue #5)",
-            render_time_to_accuracy),
-    Section("ddp", "Several processes (DDP)", render_ddp),
-    Section("loader", "Your own loop: turbotrain.Loader vs train", render_loader),
-    Section("lightning", "Lightning: TurbotrainDataModule vs train", render_lightning),
-    Section("predict", "Using a model: predict vs the eval pipeline, and load time",
-            render_predict),
-    Section("order", "Sample order on a split larger than memory: quasi-random vs random",
-            render_order),
-    Section("remote", "Datasets in object storage: shard cache vs local, obstore vs s3fs",
-            render_remote),
-    Section("demo", "turbotrain demo, and --time-budget honoured (issue 32)", render_demo),
-]
-
-
-def render_gpu(results_file: Path, status: dict | None = None) -> Body:
-    """The GPU section from gpu_check.json; plain words when no GPU table was measured."""
-    data = _load(results_file)
-    measured = bool(data) and (data.get("settings") or {}).get("device") == "cuda"
-    note = _status_note(status, results_file)
-    goal = (data or {}).get("pipeline_goal")  # gpu_check.py's GOAL
-
-    def gpu_goal(worst: tuple[float, str] | None) -> Goal:
-        return Goal("gpu", "every pipeline / synthetic-data bound",
-                    f">= {goal:.0%}" if goal else "-",
-                    f"{worst[0]:.1%} (worst: {worst[1]})" if worst else "-",
-                    None if worst is None or goal is None else worst[0] >= goal)
-    if not measured:
-        why = ("gpu_check.json holds only the CPU smoke run" if data else
-               "no bench/results/gpu_check.json")
-        if note:
-            why += "; " + note[0].lower() + note[1:].rstrip(".")
-        return Body([f"**No GPU table was measured** ({why}). The numbers above are CPU-only. "
-                     "On a machine with a GPU run `make gpu-check` (`python bench/gpu_check.py "
-                     "--all`: the CUDA tests, this table, `train` at its defaults against its "
-                     "synthetic bound and one verdict per goal, in at most 8 minutes; writes "
-                     "bench/results/gpu_check.json; `--wheelhouse DIR` installs missing engines "
-                     "offline), then `python bench/run_all.py --render-only`.\n"],
-                    [gpu_goal(None)])
-    rows, shares = [], []
-    for r in data.get("rows", []):
-        if r.get("error"):
-            rows.append([r["pipeline"], None, None, None, f"failed: {r['error']}"])
-            continue
-        share = r.get("of_bound")
-        if share is not None and not r["pipeline"].startswith("synthetic"):
-            shares.append((share, r["pipeline"]))
-        rows.append([r["pipeline"], rate(r.get("alone")), rate(r.get("train")),
-                     _percent(share),
-                     "" if share is None or goal is None or share >= goal else f"< {goal:.0%}"])
-    body = Body([note + "\n"] if note else [])
-    settings = data.get("settings") or {}
-    body.lines.append(f"{data.get('device')}, torch {data.get('torch')}: {settings.get('model')} "
-                      f"training at {settings.get('image_size')} px, batch "
-                      f"{settings.get('batch_size')} (bf16, channels_last, torch.compile) fed by "
-                      "each pipeline, against the same step on a synthetic batch already on the "
-                      "GPU.\n")
-    body.lines += md_table(["pipeline", "loader alone (images/s)", "training (images/s)",
-                            "of synthetic bound", ""], rows)
-    checks = [[c["check"], "ok" if c["ok"] else "**FAILED**", c["detail"]]
-              for c in data.get("checks", [])]
-    if checks:
-        body.lines += md_table(["check", "result", "detail"], checks)
-    goals = [[g["goal"], g["measured"], g["verdict"]] for g in data.get("goals", [])]
-    if goals:  # gpu_check.py --all
-        body.lines += md_table(["goal (gpu_check.py --all)", "measured", "verdict"], goals)
-    body.lines += [f"- {note}" for note in data.get("notes", [])] + [""]
-    body.goals.append(gpu_goal(min(shares) if shares else None))
-    return body
+NOTES = ROOT / "NOTES.md"
+RUN_ALL_NAME = "run_all.json"  # per-script status of the last suite run, written by run_all.py
+NOT_RECORDED = "not recorded"
 
 
 def _load(path: Path) -> dict | None:
@@ -698,8 +50,16 @@ def _load(path: Path) -> dict | None:
         return None
 
 
-def _status_note(status: dict | None, results_file: Path | None = None) -> str | None:
-    """What BENCHMARKS.md says about a script run_all could not run to the end, if anything."""
+def measured_at(data: dict, path: Path) -> datetime.datetime:
+    """When a result was measured: what it records; for a file from before results recorded
+    it, the file's time."""
+    if data.get("measured"):
+        return datetime.datetime.fromisoformat(data["measured"])
+    return datetime.datetime.fromtimestamp(path.stat().st_mtime)
+
+
+def status_note(status: dict | None, measured: datetime.datetime | None) -> str | None:
+    """What the section says about a script run_all could not run to the end, if anything."""
     if not status or status.get("status") == "ok":
         return None
     kind = status.get("status")
@@ -708,72 +68,189 @@ def _status_note(status: dict | None, results_file: Path | None = None) -> str |
     if kind == "skipped":
         return f"Not run: {status.get('error')}."
     note = f"The last run **failed** ({status.get('error', 'no detail')})"
-    if results_file is None or not results_file.is_file():
+    if measured is None:
         return note + "."
-    written = datetime.datetime.fromtimestamp(results_file.stat().st_mtime)
     started = status.get("started")
-    if started and written >= datetime.datetime.fromisoformat(started):
+    if started and measured >= datetime.datetime.fromisoformat(started):
         return note + "; it still wrote the results below."  # e.g. gpu_check: a failed check
     return note + "; the results below are from an earlier run."
 
 
-def render(results: Path = RESULTS_DIR, output: Path = OUTPUT) -> Path:
-    """Writes `output` from the JSON in `results` (plots go next to the JSON); returns it."""
+# -- the hand-kept notes --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Note:
+    about: str | None  # "YYYY-MM-DD HH:MM": the results it was written about, if it says
+    text: str
+
+
+NOTE_HEADING = re.compile(r"## (?P<name>\w+)(?: \(about the results of "
+                          r"(?P<about>\d{4}-\d\d-\d\d \d\d:\d\d)\))?\s*$")
+
+
+def read_notes(path: Path = NOTES) -> dict[str, Note]:
+    """bench/NOTES.md as {benchmark name: its note}. Text before the first `## NAME` is the
+    file's own preamble; a heading that names no benchmark is an error listing the names."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    notes: dict[str, Note] = {}
+    name, about, lines = None, None, []
+
+    def close() -> None:
+        if name is not None:
+            notes[name] = Note(about, "\n".join(lines).strip())
+    for line in text.splitlines():
+        if line.startswith("## "):
+            close()
+            heading = NOTE_HEADING.match(line)
+            if heading is None or heading["name"] not in BY_NAME:
+                raise ValueError(f"{path}: {line!r} names no benchmark; write '## NAME' or "
+                                 "'## NAME (about the results of YYYY-MM-DD HH:MM)', NAME one "
+                                 f"of: {', '.join(BY_NAME)}")
+            name, about, lines = heading["name"], heading["about"], []
+        elif name is not None:
+            lines.append(line)
+    close()
+    return notes
+
+
+def note_lines(note: Note | None, measured: datetime.datetime | None) -> list[str]:
+    if note is None or not note.text:
+        return []
+    shown = None if measured is None else f"{measured:%Y-%m-%d %H:%M}"
+    if note.about is None:
+        lead = "*Notes (bench/NOTES.md):*"
+    elif note.about == shown:
+        lead = "*Notes on these results (bench/NOTES.md):*"
+    else:
+        lead = f"*Notes on the results of {note.about}, not the ones above (bench/NOTES.md):*"
+    return [lead, "", note.text, ""]
+
+
+# -- machines -------------------------------------------------------------------------------------
+MACHINE_FIELDS = (("cpu", "CPU"), ("cores", "cores"), ("simd", "SIMD"), ("gpu", "GPU"),
+                  ("torch", "torch"), ("python", "Python"), ("platform", "platform"))
+
+
+class Machines:
+    """Every machine that measured a section, once, as a letter in order of first use. Two
+    records are one machine when they agree on every field but the load."""
+
+    def __init__(self) -> None:
+        self.letters: dict[tuple, str] = {}
+        self.records: dict[str, dict] = {}
+        self.sections: dict[str, list[str]] = {}
+
+    def cite(self, machine: dict | None, section: str) -> str:
+        """The sentence a section says about its machine."""
+        if not machine:
+            return "the machine was not recorded"
+        key = tuple((k, machine.get(k)) for k, _ in MACHINE_FIELDS) + (("note",
+                                                                       machine.get("note")),)
+        letter = self.letters.setdefault(key, chr(ord("A") + len(self.letters)))
+        self.records[letter] = machine
+        self.sections.setdefault(letter, []).append(section)
+        load = machine.get("load_average")
+        return (f"on machine {letter} ({short_machine(machine)}"
+                + (f"; load average {load}" if load else "") + ")")
+
+    def table(self) -> list[str]:
+        if not self.records:
+            return ["No section recorded its machine.", ""]
+        rows = [[letter, *[_field(record, key) for key, _ in MACHINE_FIELDS],
+                 ", ".join(self.sections[letter])] for letter, record in self.records.items()]
+        lines = md_table(["machine", *[title for _, title in MACHINE_FIELDS], "measured"], rows)
+        notes = [f"- {letter}: {record['note']}" for letter, record in self.records.items()
+                 if record.get("note")]
+        return lines + (notes + [""] if notes else [])
+
+
+def _field(machine: dict, key: str):
+    if key not in machine:
+        return NOT_RECORDED
+    return machine[key] if machine[key] is not None else "none"
+
+
+def short_machine(machine: dict) -> str:
+    """`AMD EPYC, 2 cores, AVX-512 + bf16, no GPU`: what a section says; what was not
+    recorded is left out (the Machines table says so)."""
+    parts = [machine.get("cpu"), f"{machine['cores']} cores" if machine.get("cores") else None,
+             machine.get("simd")]
+    if "gpu" in machine:
+        parts.append(machine["gpu"] or "no GPU")
+    shown = ", ".join(str(p) for p in parts if p)
+    return shown or NOT_RECORDED
+
+
+# -- the document ---------------------------------------------------------------------------------
+def render_section(bench: Benchmark, results: Path, where: Where, status: dict | None,
+                   notes: dict[str, Note], machines: Machines) -> tuple[list[str], list[Goal]]:
+    path = results / f"{bench.name}.json"
+    data = _load(path)
+    measured = None if data is None else measured_at(data, path)
+    lines = [f"## {bench.title}", ""]
+    note = status_note(status, measured)
+    if note:
+        lines += [note, ""]
+    # The command that made the results shown: the JSON's own (a script run alone with its
+    # own flags after `make bench`), else the one run_all ran, else the registry's.
+    command = (data or {}).get("command") or (status or {}).get("command") or bench.command
+    lines += ["```", command, "```", ""]
+    if data is None:
+        missing = f"{bench.results_file} is missing"
+        lines += [f"**No GPU table was measured** ({missing}): it needs a CUDA GPU." if
+                  bench.needs_cuda else f"No results ({missing}).", ""]
+        goals = [Goal(bench.name, bench.title, "-", "-", None)]
+    else:
+        lines += [f"Results of {measured:%Y-%m-%d %H:%M}, "
+                  f"{machines.cite(data.get('machine'), bench.name)}.", ""]
+        if data.get("recovered"):  # a result file rebuilt from the document it was shown in
+            lines += [f"Recovered {data['recovered']}.", ""]
+        body: Body = RENDERERS[bench.name](data, where)
+        for goal in body.goals:
+            goal.benchmark = bench.name
+        lines += body.lines
+        goals = body.goals
+    return lines + note_lines(notes.get(bench.name), measured), goals
+
+
+def render(results: Path = RESULTS_DIR, output: Path = OUTPUT, notes: Path = NOTES) -> Path:
+    """Writes `output` from the JSON in `results` and the notes file (plots go next to the
+    JSON); returns it."""
     results, output = Path(results), Path(output)
     where = Where(results, output)
-    run_all = _load(results / RUN_ALL_NAME) or {}
-    statuses = run_all.get("benchmarks", {})
-    machine = run_all.get("machine")
+    statuses = (_load(results / RUN_ALL_NAME) or {}).get("benchmarks", {})
+    hand_kept = read_notes(notes)
+    machines = Machines()
     sections, goals = [], []
-    for section in SECTIONS:
-        path = results / f"{section.stem}.json"
-        data = _load(path)
-        status = statuses.get(section.stem)
-        if data is None and status is None and section.stem == "ddp":
+    for bench in BENCHMARKS:
+        status = statuses.get(bench.name)
+        if (status is None and not (results / f"{bench.name}.json").is_file()
+                and not (ROOT / bench.script).is_file()):
             continue  # neither the script nor its results exist yet: nothing to say
-        lines = [f"## {section.title}", ""]
-        note = _status_note(status, path)
-        if note:
-            lines += [note, ""]
-        # The command that made the results shown: the JSON's own (a script run alone with its
-        # own flags after `make bench`), else the one run_all ran, else the script's default.
-        command = (data or {}).get("command") or (status or {}).get("command") or section.command
-        lines += ["```", command, "```", ""]
-        if data is None:
-            lines += [f"No results (bench/results/{section.stem}.json is missing).", ""]
-            goals.append(Goal(section.stem, section.title, "-", "-", None))
-        else:
-            measured = datetime.datetime.fromtimestamp(path.stat().st_mtime)
-            lines += [f"Results of {measured:%Y-%m-%d %H:%M}.", ""]
-            body = section.render(data, where)
-            for goal in body.goals:
-                goal.benchmark = section.stem
-            lines += body.lines
-            goals += body.goals
+        lines, section_goals = render_section(bench, results, where, status, hand_kept,
+                                              machines)
         sections.append(lines)
-    gpu = render_gpu(results / "gpu_check.json", statuses.get("gpu_check"))
-    sections.append(["## GPU", "", *gpu.lines])
-    goals += gpu.goals
+        goals += section_goals
 
     doc = ["# Benchmarks", "",
-           "Rendered by `python bench/run_all.py` (`make bench`) from `bench/results/*.json`; "
-           "`python bench/run_all.py --render-only` rebuilds this file from the JSON already "
-           "there. Results are machine-specific: the JSON is not committed, this file and the "
-           "plots are.", ""]
-    doc += ["## Machine", ""]
-    if machine is None:
-        machine = machine_here()
-        doc += ["(Not recorded at measurement time: this is the machine that rendered the "
-                "report.)", ""]
-    doc += md_table(["", ""], [["CPU", machine.get("cpu")], ["cores", machine.get("cores")],
-                               ["GPU", machine.get("gpu") or "none"],
-                               ["torch", machine.get("torch")], ["python", machine.get("python")],
-                               ["platform", machine.get("platform")],
-                               ["date", machine.get("date")],
-                               ["load average at start", machine.get("load_average")]])
+           "Rendered by `python bench/run_all.py` (`make bench`) from `bench/results/*.json` "
+           "and the hand-written `bench/NOTES.md`; `python bench/run_all.py --render-only` "
+           "rebuilds this file from them. Both are committed with it. Each section says when "
+           "and on which machine it was measured: the sections were not all measured on one "
+           "machine, so compare the ratios within a section, each measured side by side in "
+           "one run, rather than rates across sections.", ""]
+    doc += ["## Machines", ""] + machines.table()
     doc += ["## Goals", ""]
     doc += md_table(["benchmark", "comparison", "goal", "measured", ""],
                     [[g.benchmark, g.what, g.goal, g.measured, met_text(g.met)] for g in goals])
+    doc += ["## Contenders", "",
+            "One name each, in every table: a name of ours is the turbotrain pipeline of that "
+            "name (as `--pipeline` takes it) or a variant of it; `plain_LIBRARY` is that "
+            "library used directly, without turbotrain.", ""]
+    doc += md_table(["name", "whose", "what"],
+                    [[f"`{name}`", c.whose, c.what] for name, c in CONTENDERS.items()])
     for lines in sections:
         doc += lines
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -785,8 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=RESULTS_DIR)
     parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument("--notes", type=Path, default=NOTES)
     args = parser.parse_args(argv)
-    print(f"wrote {render(args.results, args.output)}")
+    print(f"wrote {render(args.results, args.output, args.notes)}")
     return 0
 
 

@@ -1,19 +1,22 @@
 """`make bench`: every benchmark, one after another at its full default settings, then
-BENCHMARKS.md rendered from bench/results/*.json (bench/report.py).
+BENCHMARKS.md rendered from bench/results/*.json and bench/NOTES.md (bench/report.py).
 
     .venv/bin/python bench/run_all.py                         # the whole suite (see below)
     .venv/bin/python bench/run_all.py --only pipelines time_to_accuracy
-    .venv/bin/python bench/run_all.py --render-only           # rebuild BENCHMARKS.md from JSON
+    .venv/bin/python bench/run_all.py --render-only           # rebuild BENCHMARKS.md only
 
-Each script runs as its own process (none shares a warm interpreter or a loaded library with the
-next), its output streamed here. One that is missing, needs a GPU this machine lacks, fails or
-times out does not stop the rest: its status goes into bench/results/run_all.json with the
-machine the suite ran on, and BENCHMARKS.md says so. Run it on a quiet machine: the benchmarks
-time wall-clock work on every core. It took 9 min 48 s on the 2-core dev box (`time make
-bench`, data cached; the plain-PyTorch side of time_to_accuracy is the longest single run)
-before bench_order.py (2 min 7 s) and bench_remote.py (~16 s) joined it: about 12 min now,
-plus a few minutes the first time, when bench_pipelines.py and bench_order.py (2 GiB)
-generate their cached data.
+The benchmarks, their order and the arguments run here are bench/registry.py's; the same list
+orders BENCHMARKS.md. Each script runs as its own process (none shares a warm interpreter or a
+loaded library with the next), its output streamed here, and writes bench/results/NAME.json
+with the machine it ran on (tracked in git beside BENCHMARKS.md, so that a later --render-only
+or --only run anywhere keeps every other section). One that is missing, needs a GPU this
+machine lacks, fails or times out does not stop the rest: its status goes into
+bench/results/run_all.json, and BENCHMARKS.md says so. Run it on a quiet machine: the
+benchmarks time wall-clock work on every core. It took 9 min 48 s on the 2-core dev box
+(`time make bench`, data cached; the plain-PyTorch side of time_to_accuracy is the longest
+single run) before bench_order.py (2 min 7 s), bench_remote.py (~16 s) and bench_demo.py
+(~6 min) joined it: about 18 min now, plus a few minutes the first time, when
+bench_pipelines.py and bench_order.py (2 GiB) generate their cached data.
 """
 from __future__ import annotations
 
@@ -21,56 +24,21 @@ import argparse
 import collections
 import datetime
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 sys.path.insert(0, str(ROOT))
 
-import report  # noqa: E402  (bench/report.py, beside this file)
+import common  # noqa: E402  (bench/common.py, beside this file)
+import report  # noqa: E402
+from registry import BY_NAME, Benchmark  # noqa: E402
 
 ERROR_TAIL_LINES = 3  # of a failed script's output, kept for the report
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    name: str  # also the stem of its bench/results/<name>.json
-    script: str  # under bench/
-    args: tuple[str, ...] = ()
-    needs_cuda: bool = False
-
-    @property
-    def command(self) -> str:
-        return " ".join(["python", f"bench/{self.script}", *self.args])
-
-
-SUITE = [
-    Benchmark("prepare", "bench_prepare.py"),
-    Benchmark("sources", "bench_sources.py"),
-    Benchmark("pipelines", "bench_pipelines.py"),
-    Benchmark("kernel", "bench_kernel.py"),
-    Benchmark("engines", "bench_engines.py"),
-    Benchmark("pillow", "bench_pillow.py"),
-    Benchmark("train_precision", "bench_train_precision.py"),
-    Benchmark("time_to_accuracy", "bench_time_to_accuracy.py"),
-    Benchmark("ddp", "bench_ddp.py"),
-    Benchmark("loader", "bench_loader.py"),
-    Benchmark("lightning", "bench_lightning.py"),
-    Benchmark("predict", "bench_predict.py"),
-    Benchmark("order", "bench_order.py"),
-    Benchmark("remote", "bench_remote.py"),
-    Benchmark("demo", "bench_demo.py"),  # issue 32: turbotrain demo + --time-budget, ~6 min
-    # gpu_check.py's own default output path is bench/results/gpu_check.json; said explicitly.
-    Benchmark("gpu_check", "gpu_check.py", ("--json", "bench/results/gpu_check.json"),
-              needs_cuda=True),
-]
-BY_NAME = {b.name: b for b in SUITE}
 
 
 def cuda_device() -> str | None:
@@ -79,11 +47,6 @@ def cuda_device() -> str | None:
             "else '')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     return done.stdout.strip() or None
-
-
-def machine(gpu: str | None) -> dict:
-    return {**report.machine_here(), "gpu": gpu,
-            "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg())}
 
 
 def run_one(benchmark: Benchmark, gpu: str | None, timeout: float) -> dict:
@@ -132,8 +95,8 @@ def record(results: Path, gpu: str | None, statuses: dict[str, dict]) -> None:
     except (OSError, json.JSONDecodeError):
         previous = {}
     results.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine(gpu), "benchmarks": {**previous, **statuses}},
-                               indent=2) + "\n")
+    path.write_text(json.dumps({"machine": {**common.machine(), "gpu": gpu},
+                                "benchmarks": {**previous, **statuses}}, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=list(BY_NAME), metavar="NAME",
                         help=f"run these only: {', '.join(BY_NAME)}")
     parser.add_argument("--render-only", action="store_true",
-                        help="run nothing; rebuild BENCHMARKS.md from bench/results/*.json")
+                        help="run nothing; rebuild BENCHMARKS.md from bench/results/*.json "
+                             "and bench/NOTES.md")
     # 1 h: ~10x the longest script on a quiet dev box (time_to_accuracy, ~5 min), so only a hung
     # script meets it, even on a busy machine.
     parser.add_argument("--timeout", type=float, default=3600,
@@ -151,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                              "bench/results/; default: that)")
     parser.add_argument("--output", type=Path, default=report.OUTPUT,
                         help="the document (default: BENCHMARKS.md at the repo root)")
+    parser.add_argument("--notes", type=Path, default=report.NOTES,
+                        help="the hand-kept notes the document includes (default: "
+                             "bench/NOTES.md)")
     args = parser.parse_args(argv)
 
     statuses: dict[str, dict] = {}
@@ -164,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f" ({statuses[name]['error']})" if statuses[name].get("error") else ""),
                   flush=True)
         record(args.results, gpu, statuses)
-    output = report.render(args.results, args.output)
+    output = report.render(args.results, args.output, args.notes)
     print(f"\nwrote {output}")
     failed = [n for n, s in statuses.items() if s["status"] == "failed"]
     if failed:

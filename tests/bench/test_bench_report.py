@@ -1,6 +1,8 @@
-"""BENCHMARKS.md rendering (bench/report.py, bench/run_all.py) from small fake results, and
-bench/bench_time_to_accuracy.py: its metrics parsing always, its --quick smoke run when the
-Fashion-MNIST files are installed."""
+"""BENCHMARKS.md rendering (bench/report.py, bench/sections.py, bench/run_all.py) from small fake
+results; the one registry both the runner and the report follow (bench/registry.py); the
+hand-kept notes a render never erases; the machine each section names; the committed
+BENCHMARKS.md against a render of the committed results; and bench/bench_time_to_accuracy.py:
+its metrics parsing always, its --quick smoke run when the Fashion-MNIST files are installed."""
 from __future__ import annotations
 
 import json
@@ -12,9 +14,15 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import bench_engines  # noqa: E402
+import bench_kernel  # noqa: E402
+import bench_pipelines  # noqa: E402
 import bench_time_to_accuracy as tta  # noqa: E402
+import common  # noqa: E402
+import registry  # noqa: E402
 import report  # noqa: E402
 import run_all  # noqa: E402
+import sections  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,7 +35,7 @@ def fake_results(folder: Path) -> None:
         (folder / f"{name}.json").write_text(json.dumps(data))
     folder.mkdir(parents=True, exist_ok=True)
     write("prepare", {"images": 300, "turbotrain_images_per_second": 1234.0,
-                      "ffcv_images_per_second": 617.0, "speedup": 2.0,
+                      "plain_ffcv_images_per_second": 617.0, "speedup": 2.0,
                       "goals": [{"what": "prepare-dataset / FFCV DatasetWriter", "ratio": 2.0,
                                  "goal": 1.5, "met": True}]})
     write("sources", {"images": 2000, "images_per_second": {
@@ -45,32 +53,33 @@ def fake_results(folder: Path) -> None:
         "results": {
             "pytorch": {"images_per_second": 3111.0, "images_per_cpu_second": 1555.0,
                         "what": "ours", "runs": []},
-            "ffcv": {"images_per_second": 1777.0, "images_per_cpu_second": 933.0,
-                     "what": "FFCV", "runs": []},
-            "dali_cpu": {"images_per_second": None, "images_per_cpu_second": None,
+            "plain_ffcv": {"images_per_second": 1777.0, "images_per_cpu_second": 933.0,
+                           "what": "FFCV", "runs": []},
+            "plain_dali": {"images_per_second": None, "images_per_cpu_second": None,
                          "what": "DALI", "runs": [{"error": "exit 1: no DALI", "load": 1.0}]},
             "bare_decode": {"images_per_second": 3555.0, "images_per_cpu_second": 1777.0,
                             "what": "decode only", "runs": []},
             "resident_cifar": {"images_per_second": 1_100_000.0, "images_per_cpu_second": 1e6,
                                "what": "resident", "runs": []},
-            "ffcv_cifar": {"images_per_second": 210_000.0, "images_per_cpu_second": 150_000.0,
-                           "what": "FFCV small", "runs": []}},
-        "goals": [{"ours": "pytorch", "theirs": "ffcv", "goal": 1.2,
+            "plain_ffcv_cifar": {"images_per_second": 210_000.0,
+                                 "images_per_cpu_second": 150_000.0, "what": "FFCV small",
+                                 "runs": []}},
+        "goals": [{"ours": "pytorch", "theirs": "plain_ffcv", "goal": 1.2,
                    "ratio_images_per_second": 1.75, "ratio_images_per_cpu_second": 1.67,
                    "met": True},
-                  {"ours": "resident_cifar", "theirs": "ffcv_cifar", "goal": 6.0,
+                  {"ours": "resident_cifar", "theirs": "plain_ffcv_cifar", "goal": 6.0,
                    "ratio_images_per_second": 5.24, "met": False},
-                  {"ours": "pytorch", "theirs": "ffcv", "goal": 1.5,
+                  {"ours": "pytorch", "theirs": "plain_ffcv", "goal": 1.5,
                    "metric": "images_per_cpu_second", "ratio_images_per_second": 1.75,
                    "ratio_images_per_cpu_second": 1.67, "met": True},
-                  {"ours": "pytorch", "theirs": "torchvision_simd", "goal": None,
+                  {"ours": "pytorch", "theirs": "plain_torchvision_simd", "goal": None,
                    "ratio_images_per_second": 1.81, "met": None}]})
     write("kernel", {
         "command": "python bench/bench_kernel.py", "images": 3000, "size": "500x375 q90",
         "batch_size": 64, "image_size": 224,
         "busy": {"pytorch": {"alone": 1500.0, "busy": 1470.0, "kept": 0.98},
                  "pytorch_python": {"alone": 1480.0, "busy": 64.0, "kept": 0.043},
-                 "ffcv": {"error": "exit 1: no FFCV"}},
+                 "plain_ffcv": {"error": "exit 1: no FFCV"}},
         "modes": {"pytorch": {"alone": 2900.0, "busy": 2700.0, "kept": 0.931}},
         "stages": {"region": {"decode_us": 512.3, "resize_us": 88.0,
                               "python_per_batch_us": 640.0},
@@ -209,8 +218,10 @@ def fake_results(folder: Path) -> None:
 
 
 def render(tmp_path: Path) -> str:
+    """The document from tmp_path/results and tmp_path/NOTES.md (absent unless a test writes
+    it), never from the repository's own notes."""
     out = tmp_path / "doc" / "BENCHMARKS.md"
-    assert report.render(tmp_path / "results", out) == out
+    assert report.render(tmp_path / "results", out, tmp_path / "NOTES.md") == out
     return out.read_text()
 
 
@@ -220,15 +231,15 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     text = render(tmp_path)
     # kernel: both thread counts, the stages, the feed, predict and resident, its goal
     assert "| `pytorch_python` | 1,480 | 64 | 4% |" in text
-    assert "| `ffcv` | - | - | failed: exit 1: no FFCV |" in text
+    assert "| `plain_ffcv` | - | - | failed: exit 1: no FFCV |" in text
     assert "| region decode (the pipelines') | 10.0 | 512 | 88 |" in text
     assert "4.2 µs per image as a per-sample Python loop, 1.1 µs vectorised" in text
     assert "| Python decode path (before) | 700 | 2.50 s |" in text
     assert ("| kernel | beside a Python-busy thread, 1 decode thread: busy / alone, pytorch | "
             ">= 0.9x | 0.98x | met |") in text
-    assert ("| pipelines | `pytorch` / `ffcv` per CPU-second | >= 1.5x | 1.67x | met |"
+    assert ("| pipelines | `pytorch` / `plain_ffcv` per CPU-second | >= 1.5x | 1.67x | met |"
             in text)
-    for heading in ("## Machine", "## Goals", "## Dataset conversion", "## Input pipelines",
+    for heading in ("## Machines", "## Goals", "## Contenders", "## Dataset conversion", "## Input pipelines",
                     "## The compiled decode kernel",
                     "## Our pipeline engines", "## PIL decode + resize", "## Training step",
                     "## Time to 90 %",
@@ -270,11 +281,12 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     assert "| `resnet50` | 1.38 | 94 MB | 4.2 |" in text
     # goal next to the measured ratio, in the summary table
     assert "| prepare | prepare-dataset / FFCV DatasetWriter | >= 1.5x | 2.00x | met |" in text
-    assert "| pipelines | `pytorch` / `ffcv` | >= 1.2x | 1.75x | met |" in text
-    assert "| pipelines | `resident_cifar` / `ffcv_cifar` | >= 6.0x | 5.24x | **not met** |" in text
+    assert "| pipelines | `pytorch` / `plain_ffcv` | >= 1.2x | 1.75x | met |" in text
+    assert ("| pipelines | `resident_cifar` / `plain_ffcv_cifar` | >= 6.0x | 5.24x | "
+            "**not met** |") in text
     # A comparison without a goal is shown in its section, never in the goals table.
-    assert "| `pytorch` / `torchvision_simd` | none (comparison) | 1.81x |" in text
-    assert "| pipelines | `pytorch` / `torchvision_simd`" not in text
+    assert "| `pytorch` / `plain_torchvision_simd` | none (comparison) | 1.81x |" in text
+    assert "| pipelines | `pytorch` / `plain_torchvision_simd`" not in text
     assert ">= 3x | 3.46x | met |" in text
     assert ("| compact28 | 2 processes x 1 thread, DDP | 1,710 | 1.71x | 2.20% | 0.6 MB in "
             "0.62 ms (median) |") in text
@@ -294,7 +306,9 @@ def test_report_has_every_table_with_its_numbers_and_goals(tmp_path):
     assert ".venv/bin/python bench/bench_pipelines.py --rounds 3" in text
     assert "```\npython bench/bench_prepare.py\n```" in text
     assert "**No GPU table was measured**" in text
-    assert "## Machine" in text and "| cores |" in text
+    # fake results record no machine: each section says so, and the table has nobody
+    assert "Results of " in text and ", the machine was not recorded." in text
+    assert "No section recorded its machine." in text
 
 
 def test_report_draws_the_plots_and_links_them_relative_to_the_document(tmp_path):
@@ -311,28 +325,34 @@ def test_report_without_results_says_what_is_missing(tmp_path):
     (tmp_path / "results").mkdir()
     text = render(tmp_path)
     assert "No results (bench/results/prepare.json is missing)." in text
-    assert "**No GPU table was measured** (no bench/results/gpu_check.json)" in text
-    assert "Not recorded at measurement time" in text  # no run_all.json: this machine
-    assert "## Several processes (DDP)" not in text  # neither script nor results exist
+    assert ("**No GPU table was measured** (bench/results/gpu_check.json is missing): it needs "
+            "a CUDA GPU.") in text
+    assert "No section recorded its machine." in text  # never the rendering machine's
     assert not list((tmp_path / "results").glob("*.png"))
+
+
+def test_report_leaves_out_a_benchmark_with_neither_script_nor_results(tmp_path, monkeypatch):
+    ghost = registry.Benchmark("ghost", "bench_ghost.py", "A benchmark not written yet")
+    monkeypatch.setattr(report, "BENCHMARKS", (*registry.BENCHMARKS, ghost))
+    (tmp_path / "results").mkdir()
+    text = render(tmp_path)
+    assert "## A benchmark not written yet" not in text
+    assert "## Several processes (DDP)" in text  # its script exists: "No results" is news
 
 
 def test_report_notes_failed_absent_and_skipped_scripts(tmp_path):
     results = tmp_path / "results"
     fake_results(results)
     (results / "run_all.json").write_text(json.dumps({
-        "machine": {"cpu": "Test CPU 9000", "cores": 2, "torch": "2.99", "date": "2030-01-01",
-                    "gpu": None},
         "benchmarks": {
             "engines": {"status": "failed", "error": "exit 1: boom", "command": "python x"},
             "ddp": {"status": "absent", "script": "bench/bench_ddp.py"},
             "gpu_check": {"status": "skipped", "error": "needs a CUDA GPU; this machine has "
                                                       "none"}}}))
     text = render(tmp_path)
-    assert "| CPU | Test CPU 9000 |" in text
     assert "The last run **failed** (exit 1: boom)" in text
     assert "Not run: bench/bench_ddp.py does not exist yet." in text
-    assert "not run: needs a CUDA GPU; this machine has none" in text
+    assert "## GPU\n\nNot run: needs a CUDA GPU; this machine has none.\n" in text
 
 
 def test_report_says_whether_a_failed_run_still_wrote_its_results(tmp_path):
@@ -381,6 +401,124 @@ def test_report_treats_the_gpu_check_smoke_run_as_no_gpu(tmp_path):
         render(tmp_path)
 
 
+# -- the machine each section was measured on ------------------------------------------------------
+def test_each_section_names_the_machine_that_measured_it(tmp_path):
+    results = tmp_path / "results"
+    fake_results(results)
+    avx512 = {"cpu": "Test EPYC", "cores": 2, "simd": "AVX-512 + bf16", "gpu": None,
+              "torch": "2.99", "python": "3.11.7", "platform": "Linux-test",
+              "load_average": "0.50 0.40 0.30"}
+    avx2 = {**avx512, "simd": "AVX2 without AVX-512", "load_average": "1.90 1.80 1.70"}
+    for name, machine, measured in (("prepare", avx512, "2030-01-01T10:00:00"),
+                                    ("engines", {**avx512, "load_average": "1.00 1.00 1.00"},
+                                     "2030-01-01T10:05:00"),
+                                    ("pipelines", avx2, "2030-01-02T08:30:00")):
+        path = results / f"{name}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "machine": machine,
+                                    "measured": measured}))
+    text = render(tmp_path)
+    # one row per machine (the load is not the machine), citing the sections it measured
+    assert ("| A | Test EPYC | 2 | AVX-512 + bf16 | none | 2.99 | 3.11.7 | Linux-test | "
+            "prepare, engines |") in text
+    assert "| B | Test EPYC | 2 | AVX2 without AVX-512 | none |" in text and "| pipelines |" in text
+    # each section: when (the JSON's time, not the file's) and where, its own load
+    assert ("Results of 2030-01-01 10:00, on machine A (Test EPYC, 2 cores, AVX-512 + bf16, "
+            "no GPU; load average 0.50 0.40 0.30).") in text
+    assert "Results of 2030-01-01 10:05, on machine A (Test EPYC, 2 cores, AVX-512 + bf16, " \
+           "no GPU; load average 1.00 1.00 1.00)." in text
+    assert "Results of 2030-01-02 08:30, on machine B (Test EPYC, 2 cores, AVX2 without " \
+           "AVX-512, no GPU; load average 1.90 1.80 1.70)." in text
+    assert ", the machine was not recorded." in text  # the fakes left as they were
+    # the one machine table: no "## Machine" describing a single box for the whole file
+    assert text.count("| machine | CPU |") == 1 and "## Machine\n" not in text
+
+
+def test_write_results_records_when_and_where(tmp_path):
+    path = common.write_results(tmp_path / "x.json", {"command": "python bench/x.py"})
+    written = json.loads(path.read_text())
+    assert written["command"] == "python bench/x.py"
+    assert set(written["machine"]) >= {"cpu", "cores", "simd", "gpu", "torch", "python",
+                                       "platform", "load_average"}
+    assert written["machine"]["cores"] >= 1
+    assert report.measured_at(written, path).year >= 2026
+    # a result that brings its own machine (a recovered one) keeps it
+    kept = common.write_results(tmp_path / "y.json", {"machine": {"note": "recorded by hand"}})
+    assert json.loads(kept.read_text())["machine"] == {"note": "recorded by hand"}
+
+
+def test_simd_names_what_changes_the_rates():
+    assert common.simd(frozenset({"avx2", "avx512f", "avx512_bf16"})) == "AVX-512 + bf16"
+    assert common.simd(frozenset({"avx2", "avx512f", "avx512_bf16", "amx_tile"})) == \
+        "AVX-512 + bf16 + AMX"
+    assert common.simd(frozenset({"avx2"})) == "AVX2 without AVX-512"
+    assert common.simd(frozenset()) == "no AVX2"
+
+
+# -- the hand-kept notes --------------------------------------------------------------------------
+def test_render_only_keeps_the_hand_written_notes(tmp_path):
+    results = tmp_path / "results"
+    fake_results(results)
+    path = results / "pipelines.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()),
+                                "measured": "2030-01-02T08:30:00"}))
+    notes = tmp_path / "NOTES.md"
+    notes.write_text("# Notes\n\nThe preamble, not rendered.\n\n"
+                     "## pipelines (about the results of 2030-01-02 08:30)\n\n"
+                     "Three more runs gave 1.89x, 2.08x and 2.10x.\n\n"
+                     "## gpu_check\n\nRun `make gpu-check` on a GPU machine.\n")
+    before = notes.read_text()
+    out = tmp_path / "BENCHMARKS.md"
+    argv = ["--render-only", "--results", str(results), "--output", str(out),
+            "--notes", str(notes)]
+    for _ in range(2):  # a second render from the document's own inputs loses nothing
+        assert run_all.main(argv) == 0
+        text = out.read_text()
+        assert ("*Notes on these results (bench/NOTES.md):*\n\nThree more runs gave 1.89x, "
+                "2.08x and 2.10x.") in text
+        assert "*Notes (bench/NOTES.md):*\n\nRun `make gpu-check` on a GPU machine." in text
+        assert "The preamble" not in text
+    assert notes.read_text() == before  # the renderer never writes the notes
+    # each note sits in its own section, after the section's tables
+    pipelines = text.split("## Input pipelines")[1].split("\n## ")[0]
+    assert pipelines.index("| ours / theirs |") < pipelines.index("Three more runs")
+    # newer results: the note is kept and says which results it was about
+    path.write_text(json.dumps({**json.loads(path.read_text()),
+                                "measured": "2030-02-01T09:00:00"}))
+    assert run_all.main(argv) == 0
+    assert ("*Notes on the results of 2030-01-02 08:30, not the ones above (bench/NOTES.md):*"
+            in out.read_text())
+
+
+def test_a_note_for_no_benchmark_is_refused_with_the_names(tmp_path):
+    notes = tmp_path / "NOTES.md"
+    notes.write_text("## pipeline\n\ntypo\n")
+    with pytest.raises(ValueError, match="'## pipeline' names no benchmark.*pipelines, kernel"):
+        report.read_notes(notes)
+    assert report.read_notes(tmp_path / "absent.md") == {}
+
+
+# -- the committed document ------------------------------------------------------------------------
+def test_benchmarks_md_is_what_render_only_makes_of_the_committed_files(tmp_path):
+    """BENCHMARKS.md is a function of bench/results/ and bench/NOTES.md: rendering them again
+    (into a copy, so the committed plots stay as they are) gives the committed file, every
+    result file says when and where it was measured, and each section cites a machine."""
+    copy = tmp_path / "bench" / "results"
+    copy.mkdir(parents=True)
+    for result in sorted(report.RESULTS_DIR.glob("*")):
+        if result.suffix in (".json", ".png"):
+            (copy / result.name).write_bytes(result.read_bytes())
+            if result.suffix == ".json" and result.name != report.RUN_ALL_NAME:
+                data = json.loads(result.read_text())
+                assert data.get("measured") and data.get("machine"), result.name
+    out = tmp_path / "BENCHMARKS.md"
+    report.render(copy, out, report.NOTES)
+    assert out.read_text() == report.OUTPUT.read_text(), (
+        "BENCHMARKS.md differs from a render of bench/results/ and bench/NOTES.md: run "
+        "`python bench/run_all.py --render-only` and commit the result")
+    assert out.read_text().count(", on machine ") == len(list(copy.glob("*.json"))) - int(
+        (copy / report.RUN_ALL_NAME).is_file())
+
+
 # -- run_all --------------------------------------------------------------------------------------
 def test_run_all_render_only_writes_the_document(tmp_path, capsys):
     fake_results(tmp_path / "results")
@@ -398,11 +536,12 @@ def test_run_all_records_absent_failed_and_ok_scripts(tmp_path, monkeypatch):
     (scripts / "bad.py").write_text("import sys\nprint('something broke')\nsys.exit(3)\n")
     (scripts / "hangs.py").write_text("import time\ntime.sleep(60)\n")
     monkeypatch.setattr(run_all, "ROOT", scripts)
-    suite = [run_all.Benchmark("ok", "ok.py"), run_all.Benchmark("bad", "bad.py"),
-             run_all.Benchmark("missing", "missing.py"),
-             run_all.Benchmark("gpu", "ok.py", needs_cuda=True)]
+    suite = [run_all.Benchmark("ok", "ok.py", "OK"), run_all.Benchmark("bad", "bad.py", "Bad"),
+             run_all.Benchmark("missing", "missing.py", "Missing"),
+             run_all.Benchmark("gpu", "ok.py", "GPU", needs_cuda=True)]
     statuses = {b.name: run_all.run_one(b, gpu=None, timeout=30) for b in suite}
-    statuses["hangs"] = run_all.run_one(run_all.Benchmark("hangs", "hangs.py"), None, timeout=1)
+    statuses["hangs"] = run_all.run_one(run_all.Benchmark("hangs", "hangs.py", "Hangs"), None,
+                                        timeout=1)
     assert statuses["ok"]["status"] == "ok"
     assert statuses["bad"]["status"] == "failed"
     assert statuses["bad"]["error"] == "exit 3: something broke"
@@ -417,15 +556,49 @@ def test_run_all_records_absent_failed_and_ok_scripts(tmp_path, monkeypatch):
     assert recorded["machine"]["cores"] >= 1
 
 
-def test_run_all_suite_names_every_benchmark_script():
-    names = {b.name for b in run_all.SUITE}
-    assert {"prepare", "pipelines", "engines", "pillow", "train_precision", "time_to_accuracy",
-            "ddp", "loader", "lightning", "predict", "order", "remote", "sources",
-            "gpu_check"} <= names
-    # every section of the report is a benchmark run_all runs
-    assert {section.stem for section in report.SECTIONS} <= names
-    for benchmark in run_all.SUITE:
+def test_one_registry_orders_the_runner_and_the_report(tmp_path, monkeypatch):
+    names = [b.name for b in registry.BENCHMARKS]
+    # the runner runs the registry's benchmarks, in its order; --only takes its names
+    ran = []
+    monkeypatch.setattr(run_all, "cuda_device", lambda: None)
+    monkeypatch.setattr(run_all, "run_one", lambda b, gpu, timeout: ran.append(b) or
+                        {"status": "ok", "command": b.command})
+    argv = ["--results", str(tmp_path / "results"), "--output", str(tmp_path / "B.md"),
+            "--notes", str(tmp_path / "NOTES.md")]
+    assert run_all.main(argv) == 0
+    assert ran == list(registry.BENCHMARKS)
+    ran.clear()
+    assert run_all.main(["--only", "demo", "prepare", *argv]) == 0
+    assert ran == [registry.BY_NAME["demo"], registry.BY_NAME["prepare"]]
+    with pytest.raises(SystemExit):
+        run_all.main(["--only", "no_such_benchmark", *argv])
+    # the report: a renderer for every benchmark and a benchmark for every renderer
+    assert set(sections.RENDERERS) == set(names)
+    with pytest.raises(KeyError, match="no benchmark 'nope'; the benchmarks: prepare, sources"):
+        sections.renders("nope")
+    # ... and its sections come in the registry's order, under the registry's titles (the
+    # runs above only recorded their statuses: every section says "No results")
+    text = render(tmp_path)
+    titles = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    assert titles[3:] == [b.title for b in registry.BENCHMARKS]
+    for benchmark in registry.BENCHMARKS:
         assert (BENCH / benchmark.script).is_file()
+        assert f"```\n{benchmark.command}\n```" in text
+
+
+def test_every_contender_has_one_name_whose_code_it_says():
+    shown = (set(bench_pipelines.CONTENDERS) | set(bench_kernel.BUSY) | set(bench_kernel.MODES)
+             | set(bench_engines.CONTENDERS))
+    assert shown <= set(registry.CONTENDERS), shown - set(registry.CONTENDERS)
+    ours = {"pytorch", "resident", "dali", "ffcv"}  # our pipelines, as --pipeline takes them
+    for name, contender in registry.CONTENDERS.items():
+        if contender.whose == registry.TURBOTRAIN:
+            assert name.split("_")[0] in ours | {"native"}, name
+        elif name != "bare_decode":  # a reference, neither side's loader
+            assert name.startswith("plain_"), name
+    # a goal compares two contenders by those names
+    for ours_name, theirs, *_ in bench_pipelines.GOALS:
+        assert {ours_name, theirs} <= set(registry.CONTENDERS)
 
 
 # -- bench_time_to_accuracy -----------------------------------------------------------------------

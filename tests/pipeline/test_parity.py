@@ -228,7 +228,7 @@ def test_gpu_check_says_which_engines_are_missing(tmp_path):
     assert result["engines"]["dali"] is None and result["engines"]["ffcv"] is None
     assert any("dali is MISSING" in note for note in result["notes"])
     names = {row["pipeline"] for row in result["rows"] if not row.get("error")}
-    assert {"pytorch (cv2 decode)", "resident (cv2 decode)", "torchvision-nvjpeg"} <= names
+    assert {"pytorch (cv2 decode)", "resident (cv2 decode)", "plain_torchvision_nvjpeg"} <= names
 
 
 @pytest.mark.slow
@@ -241,7 +241,7 @@ def test_gpu_check_all_smoke_runs_every_stage_on_cpu(tmp_path):
     result = run_gpu_check(tmp_path, "", "--all", "--tests",
                            "tests/train/engine/test_batch_finder.py")
     measured = {row["pipeline"]: row for row in result["rows"]}
-    expected_rows = {"synthetic", "pytorch", "resident", "torchvision-nvjpeg"}
+    expected_rows = {"synthetic", "pytorch", "resident", "plain_torchvision_nvjpeg"}
     expected_rows |= {name for name in ("dali", "ffcv") if result["engines"][name]}
     assert expected_rows <= set(measured), measured
     assert all(measured[name]["train"] > 0 for name in expected_rows), measured

@@ -1,0 +1,127 @@
+"""The one list of benchmarks, and the one name of each contender they measure.
+
+`BENCHMARKS` is what `run_all.py` runs, in this order, and what `report.py` renders into
+BENCHMARKS.md, one section each, in the same order. A benchmark's name is the stem of its
+`bench/results/NAME.json`, its `run_all.py --only NAME`, and its `## NAME` in bench/NOTES.md.
+Adding one: a script that writes bench/results/NAME.json through `common.write_results`, a row
+here, and a renderer in report.py marked `@renders("NAME")` (the tests fail on a row without
+one).
+
+Not benchmarks of their own: gpu_all.py, gpu_sources.py and gpu_train.py are parts of
+gpu_check.py; bf16_probe.py is `make bf16-probe`, a diagnosis with no section; common.py is
+what the scripts share.
+
+`CONTENDERS` names every input pipeline (and whole training script) the tables set side by
+side, once, with whose code it is. A contender named after one of our
+pipelines (`pytorch`, `resident`, `dali`, `ffcv`, as `--pipeline` takes them) is that
+turbotrain pipeline; another library used directly, as its own documentation shows, is
+`plain_LIBRARY` (`plain_ffcv` is FFCV's Loader with its own decoder; `ffcv` is our pipeline
+that runs FFCV's Loader inside). BENCHMARKS.md lists them in its Contenders table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RESULTS_FOLDER = "bench/results"  # where every script writes NAME.json, from the repo root
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str  # bench/results/<name>.json; run_all --only <name>; "## <name>" in NOTES.md
+    script: str  # under bench/
+    title: str  # the heading of its section in BENCHMARKS.md
+    args: tuple[str, ...] = ()  # what run_all passes beyond the script's defaults
+    needs_cuda: bool = False  # run_all skips it on a machine without a CUDA GPU
+
+    @property
+    def command(self) -> str:
+        """The run `make bench` makes: the command BENCHMARKS.md shows unless the JSON holds
+        the one that made it."""
+        return " ".join(["python", f"bench/{self.script}", *self.args])
+
+    @property
+    def results_file(self) -> str:
+        return f"{RESULTS_FOLDER}/{self.name}.json"
+
+
+BENCHMARKS = (
+    Benchmark("prepare", "bench_prepare.py", "Dataset conversion: prepare-dataset vs FFCV"),
+    Benchmark("sources", "bench_sources.py",
+              "Conversion speed by source: ImageFolder, WebDataset, Parquet"),
+    Benchmark("pipelines", "bench_pipelines.py",
+              "Input pipelines: ours vs FFCV, DALI, torchvision"),
+    Benchmark("kernel", "bench_kernel.py",
+              "The compiled decode kernel: beside a busy thread, per stage"),
+    Benchmark("engines", "bench_engines.py",
+              "Our pipeline engines on one file: pytorch, dali, ffcv"),
+    Benchmark("pillow", "bench_pillow.py", "PIL decode + resize: pillow-simd vs pillow"),
+    Benchmark("train_precision", "bench_train_precision.py",
+              "Training step: precision and memory format"),
+    Benchmark("time_to_accuracy", "bench_time_to_accuracy.py",
+              "Time to 90 % on Fashion-MNIST (issue #5)"),
+    Benchmark("ddp", "bench_ddp.py", "Several processes (DDP)"),
+    Benchmark("loader", "bench_loader.py", "Your own loop: turbotrain.Loader vs train"),
+    Benchmark("lightning", "bench_lightning.py", "Lightning: TurbotrainDataModule vs train"),
+    Benchmark("predict", "bench_predict.py",
+              "Using a model: predict vs the eval pipeline, and load time"),
+    Benchmark("order", "bench_order.py",
+              "Sample order on a split larger than memory: quasi-random vs random"),
+    Benchmark("remote", "bench_remote.py",
+              "Datasets in object storage: shard cache vs local, obstore vs s3fs"),
+    # issue 32: turbotrain demo + --time-budget, ~6 min
+    Benchmark("demo", "bench_demo.py", "turbotrain demo, and --time-budget honoured (issue 32)"),
+    # gpu_check.py's own default output is bench/results/gpu_check.json; said explicitly.
+    Benchmark("gpu_check", "gpu_check.py", "GPU", ("--json", "bench/results/gpu_check.json"),
+              needs_cuda=True),
+)
+BY_NAME = {b.name: b for b in BENCHMARKS}
+
+
+def benchmark(name: str) -> Benchmark:
+    """The benchmark called `name`; an unknown name is a KeyError listing the names."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no benchmark {name!r}; the benchmarks: {', '.join(BY_NAME)}") from None
+
+
+@dataclass(frozen=True)
+class Contender:
+    whose: str  # "turbotrain", or the library run directly
+    what: str  # in a few words; each table says how it was set up
+
+
+TURBOTRAIN = "turbotrain"
+CONTENDERS = {
+    # our pipelines, named as --pipeline takes them, and variants of them
+    "pytorch": Contender(TURBOTRAIN, "the pytorch pipeline: compiled decode kernel, threads"),
+    "pytorch_processes": Contender(TURBOTRAIN, "the pytorch pipeline in DataLoader worker "
+                                               "processes"),
+    "pytorch_python": Contender(TURBOTRAIN, "the pytorch pipeline on the Python decode path "
+                                            "(TURBOTRAIN_NATIVE=0)"),
+    "pytorch_cifar": Contender(TURBOTRAIN, "the pytorch pipeline on a raw 32x32 split"),
+    "native_calls": Contender(TURBOTRAIN, "the kernel called from a Python thread pool, one "
+                                          "native call per batch (the mechanism not chosen)"),
+    "resident": Contender(TURBOTRAIN, "the resident pipeline: the split in memory"),
+    "resident_cifar": Contender(TURBOTRAIN, "the resident pipeline on a raw 32x32 split"),
+    "dali": Contender(TURBOTRAIN, "the dali pipeline: DALI's graph fed our crop boxes"),
+    "dali_own_crop": Contender(TURBOTRAIN, "the dali pipeline with DALI's own random crop"),
+    "dali_no_hw_decoder": Contender(TURBOTRAIN, "the dali pipeline without the hardware JPEG "
+                                                "decoder (nvJPEG on CUDA cores only)"),
+    "ffcv": Contender(TURBOTRAIN, "the ffcv pipeline: FFCV's Loader in our sample order, our "
+                                  "crop boxes"),
+    # other libraries, used directly
+    "plain_ffcv": Contender("FFCV", "FFCV's DatasetWriter or Loader with its own decoders"),
+    "plain_ffcv_cifar": Contender("FFCV", "FFCV's Loader on a raw 32x32 dataset"),
+    "plain_dali": Contender("DALI", "a DALI pipeline written with DALI's own operators, CPU"),
+    "plain_torchvision": Contender("torchvision", "ImageFolder + PIL transforms + DataLoader, "
+                                                  "stock pillow"),
+    "plain_torchvision_simd": Contender("torchvision", "the same with pillow-simd"),
+    "plain_torchvision_nvjpeg": Contender("torchvision", "torchvision's batched nvJPEG decode "
+                                                         "on the GPU"),
+    "plain_pytorch": Contender("PyTorch", "a plain PyTorch training script: torchvision "
+                                          "transforms, DataLoader workers"),
+    # references: neither side's loader
+    "bare_decode": Contender("simplejpeg", "a full decode of the stored bytes, nothing else: "
+                                           "the ceiling of a decode-bound pipeline"),
+}
