@@ -55,6 +55,11 @@ class Body:
     lines: list[str] = field(default_factory=list)
     goals: list[Goal] = field(default_factory=list)
 
+    @classmethod
+    def table(cls, intro: str, headers: list[str], rows: list[list]) -> Body:
+        """A section that is a paragraph saying what was measured, then its table."""
+        return cls([intro, *md_table(headers, rows)])
+
 
 # -- formatting -----------------------------------------------------------------------------------
 def md_table(headers: list[str], rows: list[list]) -> list[str]:
@@ -177,13 +182,12 @@ def render_engines(data: dict, where: Where) -> Body:
              r.get("what") if r.get("images_per_second") else _run_error(r)]
             for name, r in entries.items()]
     photos = data.get("photos", {})
-    body = Body([f"Our pipelines through the registry, as the trainer builds them: "
-                 f"{photos.get('images')} JPEGs {photos.get('size')}, RandomResizedCrop "
-                 f"{photos.get('image_size')} + flip, batch {photos.get('batch_size')}, "
-                 f"{data.get('workers')} threads, best of {data.get('rounds')} rounds. No "
-                 "numeric goal: this is how the engines compare on a CPU.\n"])
-    body.lines += md_table(["pipeline", "images/s", "vs pytorch", "what"], rows)
-    return body
+    return Body.table(f"Our pipelines through the registry, as the trainer builds them: "
+                      f"{photos.get('images')} JPEGs {photos.get('size')}, RandomResizedCrop "
+                      f"{photos.get('image_size')} + flip, batch {photos.get('batch_size')}, "
+                      f"{data.get('workers')} threads, best of {data.get('rounds')} rounds. No "
+                      "numeric goal: this is how the engines compare on a CPU.\n",
+                      ["pipeline", "images/s", "vs pytorch", "what"], rows)
 
 
 @renders("pillow")
@@ -217,15 +221,14 @@ def render_train_precision(data: dict, where: Where) -> Body:
              "channels_last" if r["channels_last"] else "contiguous",
              f"{r['images_per_second']:,.1f}", times(r.get("speedup_vs_fp32_contiguous"))]
             for r in data.get("results", [])]
-    body = Body([f"The trainer's step (uint8 stem, label-smoothed loss, Nesterov SGD) on data "
-                 f"already in memory: {data.get('threads')} torch threads, batch "
-                 f"{data.get('batch_size')}, {data.get('steps')} timed steps, best of "
-                 f"{data.get('rounds')} rounds; CPU with native bf16: "
-                 f"{data.get('cpu_native_bf16')}. No numeric goal: these numbers are why `train` "
-                 "picks bf16 + channels_last on such CPUs.\n"])
-    body.lines += md_table(["model", "px", "precision", "memory format", "images/s",
-                            "vs fp32 contiguous"], rows)
-    return body
+    return Body.table(f"The trainer's step (uint8 stem, label-smoothed loss, Nesterov SGD) on "
+                      f"data already in memory: {data.get('threads')} torch threads, batch "
+                      f"{data.get('batch_size')}, {data.get('steps')} timed steps, best of "
+                      f"{data.get('rounds')} rounds; CPU with native bf16: "
+                      f"{data.get('cpu_native_bf16')}. No numeric goal: these numbers are why "
+                      "`train` picks bf16 + channels_last on such CPUs.\n",
+                      ["model", "px", "precision", "memory format", "images/s",
+                       "vs fp32 contiguous"], rows)
 
 
 @renders("time_to_accuracy")
@@ -288,15 +291,15 @@ def render_ddp(data: dict, where: Where) -> Body:
                      _percent(r.get("data_wait_fraction")),
                      f"{reduce['gradient_megabytes']:.1f} MB in {reduce['median_ms']:.2f} ms "
                      f"(median)" if reduce else "-"])
-    body = Body([f"`train` as one process vs two under `torchrun` (DDP over Gloo) on the same "
-                 f"{data.get('cores')}-core CPU: global batch {data.get('global_batch')}, the "
-                 f"trainer's own images/s, best of {data.get('rounds')} interleaved rounds. The "
-                 "all-reduce is timed alone, between two processes. No numeric goal: on one CPU "
-                 "the processes share the same cores, so this shows the cost of DDP's "
-                 "machinery rather than scaling.\n"])
-    body.lines += md_table(["model", "layout", "images/s", "vs one process", "data wait",
-                            "gradient all-reduce"], rows)
-    return body
+    return Body.table(f"`train` as one process vs two under `torchrun` (DDP over Gloo) on the "
+                      f"same {data.get('cores')}-core CPU: global batch "
+                      f"{data.get('global_batch')}, the trainer's own images/s, best of "
+                      f"{data.get('rounds')} interleaved rounds. The all-reduce is timed alone, "
+                      "between two processes. No numeric goal: on one CPU the processes share "
+                      "the same cores, so this shows the cost of DDP's machinery rather than "
+                      "scaling.\n",
+                      ["model", "layout", "images/s", "vs one process", "data wait",
+                       "gradient all-reduce"], rows)
 
 
 @renders("loader")

@@ -19,6 +19,7 @@ import signal
 import sys
 
 from . import __version__
+from .arg_parser import CommandParser
 from .datasets.format import SMALL_IMAGE_MAX_SIDE
 from .datasets.reader import DatasetError
 from .datasets.untrusted import Limits
@@ -332,7 +333,7 @@ ALIASES = {"prepare-dataset": "prepare"}
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The full parser; only `command`'s subparser gets its arguments (the others are listed)."""
-    parser = argparse.ArgumentParser(prog="turbotrain", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="turbotrain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"turbotrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help_text, load) in COMMANDS.items():
@@ -366,8 +367,8 @@ def command_prog(command: str | None) -> str:
 
 
 def prepare_dataset_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="prepare-dataset",
-                                     description="Convert a raw image dataset into .beton files.")
+    parser = CommandParser(prog="prepare-dataset",
+                           description="Convert a raw image dataset into .beton files.")
     add_prepare_arguments(parser)
     return reporting("prepare-dataset", run_prepare, parser.parse_args(argv))
 

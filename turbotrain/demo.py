@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from .arg_parser import CommandParser
 from .cli import main as turbotrain_main
 
 
@@ -132,7 +133,7 @@ def _report(run_dir: Path, seconds: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="turbotrain demo", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="turbotrain demo", description=__doc__.split("\n\n")[0])
     add_demo_arguments(parser)
     return run_demo(parser.parse_args(argv))
 

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from turbotrain.arg_parser import CommandParser
 from turbotrain.datasets import DatasetError, open_dataset
 from turbotrain.datasets.format import MODE_JPEG
 
@@ -209,7 +210,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="turbotrain bench", description=__doc__.split("\n")[0])
+    parser = CommandParser(prog="turbotrain bench", description=__doc__.split("\n")[0])
     add_bench_arguments(parser)
     return run_bench(parser.parse_args(argv))
 

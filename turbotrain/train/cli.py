@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from turbotrain.arg_parser import CommandParser
 from turbotrain.datasets import DatasetError
 from turbotrain.pipeline import PipelineError, pipeline_names
 
@@ -68,7 +69,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog=PROG, description=__doc__.split("\n\n")[0])
     add_train_arguments(parser)
     return run_train(parser.parse_args(argv))
 
