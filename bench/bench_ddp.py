@@ -120,7 +120,7 @@ def allreduce_milliseconds(model: str, folder: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--models", default="compact28,resnet18",
                         help="comma-separated model names (default: compact28,resnet18)")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps per run")

@@ -115,7 +115,7 @@ def summary_line(demo: dict | None, budgets: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--budgets", type=float, nargs="*", default=list(DEFAULT_BUDGETS),
                         help="--time-budget values in seconds (default: 30 60 120)")
     parser.add_argument("--work", type=Path, default=None,

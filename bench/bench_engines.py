@@ -73,7 +73,7 @@ def run_child(name: str, data: Path, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--images", type=int, default=3000)
     parser.add_argument("--batches", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)

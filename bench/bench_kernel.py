@@ -301,7 +301,7 @@ def child(args) -> int:
 
 # -- the parent ---------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--images", type=int, default=3000, help="photo-like JPEGs")
     parser.add_argument("--batches", type=int, default=30, help="timed batches per measurement")
     parser.add_argument("--rounds", type=int, default=6, help="alone/busy alternations")

@@ -145,7 +145,7 @@ def run_loader(data: Path, args) -> dict:
 
 
 def parser_for(doc: str, default_steps: int) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--images", type=int, default=3000, help="photos in the data set")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=64)

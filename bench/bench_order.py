@@ -183,7 +183,7 @@ def child(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--mib", type=int, default=2048, help="split size in MiB (default 2048)")
     p.add_argument("--limit-mib", type=int, default=512,
                    help="page-cache limit of the split in MiB (default 512: the split is 4x "

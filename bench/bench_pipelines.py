@@ -286,7 +286,7 @@ def run_one(name: str, data: Path, args, batch_size: int, image_size: int) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--images", type=int, default=3000, help="photo-like JPEGs (default 3000)")
     parser.add_argument("--batches", type=int, default=100, help="timed batches per run")
     parser.add_argument("--warmup", type=int, default=10, help="untimed batches per run")

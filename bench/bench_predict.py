@@ -157,7 +157,7 @@ def measure_load(weights: Path, image: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--image-size", type=int, nargs="+", default=[64, 224])
     parser.add_argument("--rounds", type=int, default=3)

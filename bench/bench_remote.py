@@ -227,7 +227,7 @@ def run_store(store: dict, shard_bytes: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     global BUCKET, PREFIX  # a child reads another bucket's shards (cache_rounds' store side)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--shard-mib", type=int, default=32)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)

@@ -63,7 +63,7 @@ def write_parquet(items, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args(argv)

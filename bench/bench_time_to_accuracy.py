@@ -388,7 +388,7 @@ def summary_line(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--epochs", type=int, default=None,
                         help=f"epochs for both sides (default {DEFAULT_EPOCHS}; "
                              f"--quick: {QUICK['epochs']})")

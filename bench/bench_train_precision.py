@@ -71,7 +71,7 @@ def time_setting(model_name, size, batch, precision, channels_last, steps) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--models", default="resnet18:64,compact28:28",
                         help="comma-separated NAME:IMAGE_SIZE (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=64)

@@ -111,7 +111,7 @@ def step_run(weights: Path, seed: int, env: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--runs", type=int, default=12, help="runs per form and variant (12)")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2),
                         help="runs at once, one torch thread each (half the cores)")

@@ -325,7 +325,7 @@ def run_all(folder: Path, dataset, settings: Settings, report: Report, args) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--all", action="store_true",
                         help="tests, train at its defaults, scaling, compile modes, verdicts")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny model/data, few steps")

@@ -259,7 +259,7 @@ def render(results: Path = RESULTS_DIR, output: Path = OUTPUT, notes: Path = NOT
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--results", type=Path, default=RESULTS_DIR)
     parser.add_argument("--output", type=Path, default=OUTPUT)
     parser.add_argument("--notes", type=Path, default=NOTES)

@@ -100,7 +100,7 @@ def record(results: Path, gpu: str | None, statuses: dict[str, dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--only", nargs="+", choices=list(BY_NAME), metavar="NAME",
                         help=f"run these only: {', '.join(BY_NAME)}")
     parser.add_argument("--render-only", action="store_true",

@@ -205,7 +205,7 @@ def put_back(previous: str | None, log: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--cache", type=Path, default=Path(sys.prefix) / "pillow-simd",
                         help="where the built wheel and build.log are kept "
                              "(default: <environment>/pillow-simd)")

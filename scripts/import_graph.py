@@ -392,7 +392,7 @@ def print_report(r: dict) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--root", type=Path,
                         default=Path(__file__).resolve().parents[1] / "turbotrain",
                         help="the package folder (default: turbotrain/ beside scripts/)")

@@ -14,6 +14,13 @@ finalize: its non-daemon threads are joined, its atexit functions run, stdout an
 flushed; then `os._exit(status)`, which leaves the runtime's threads no interpreter to race
 with. A process that never used obstore ends with the usual `sys.exit`.
 
+A reader that goes away (`turbotrain inspect OUT | head`: head exits after 10 lines) makes the
+next write to stdout fail with EPIPE; a Unix tool dies of SIGPIPE there, silently, and the shell
+reports 141. Python ignores SIGPIPE (a socket write must not kill the process: `--data s3://`),
+so a BrokenPipeError reached the top as a traceback, or `predict` reported "Broken pipe". Here
+it ends the process quietly with status 141, when stdout is what broke (`stdout_reader_gone`);
+a broken socket is still an error.
+
 Only process entry points call `run_as_process` (`python -m turbotrain`, the console scripts,
 `python -m turbotrain.datasets.object_store`): `cli.main` stays an ordinary function for code
 and tests that call it in-process.
@@ -22,12 +29,15 @@ from __future__ import annotations
 
 import atexit
 import os
+import select
+import signal
 import sys
 import threading
 from collections.abc import Callable
 from typing import NoReturn
 
 _STORE_MODULE = "turbotrain.datasets.object_store"
+READER_GONE_STATUS = 128 + signal.SIGPIPE  # 141: what a shell shows for `yes | head -1`
 
 
 def run_as_process(function: Callable[..., object], *args) -> NoReturn:
@@ -35,12 +45,31 @@ def run_as_process(function: Callable[..., object], *args) -> NoReturn:
     return value or SystemExit's code, read as `sys.exit` reads it)."""
     try:
         code = function(*args)
+        sys.stdout.flush()  # the last lines: a reader that left shows here, not at exit
     except SystemExit as e:
         code = e.code
+    except BrokenPipeError:
+        if not stdout_reader_gone():
+            raise
+        code = READER_GONE_STATUS
+    if stdout_reader_gone():  # nothing more can reach it: no "Exception ignored" at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     status = exit_status(code)
     if obstore_ran_here():
         exit_before_finalizing(status)
     sys.exit(status)
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reading end was closed (poll says POLLERR)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)  # POLLERR and POLLHUP are always reported
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # closed, replaced, not a real file
+        return False
 
 
 def exit_status(code: object) -> int:

@@ -91,3 +91,40 @@ def test_data_is_required_and_resume_needs_out():
         config_from_namespace(parse())
     with pytest.raises(TrainError, match="--resume needs --out"):
         config_from_namespace(parse("--resume"))
+
+
+def test_warmup_in_epochs_or_steps_is_one_setting(tmp_path):
+    """--warmup-epochs (timm's unit) and --warmup-steps set the same warm-up: both given is an
+    error; a layer that sets one drops the other from the layers below (a run saved with its
+    steps resumes under a --warmup-epochs flag, a YAML file's steps give way to the flag)."""
+    with pytest.raises(TrainError, match="--warmup-steps and --warmup-epochs both set the "
+                                         "warm-up; give one"):
+        config_from_namespace(parse("--data", "d", "--warmup-steps", 5, "--warmup-epochs", 1))
+    with pytest.raises(TrainError, match="--warmup-epochs must be a number >= 0"):
+        config_from_namespace(parse("--data", "d", "--warmup-epochs", -1))
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("data: d\nwarmup-steps: 7\n")
+    config = config_from_namespace(parse("--config", yaml_file, "--warmup-epochs", 2))
+    assert (config.warmup_steps, config.warmup_epochs) == (None, 2.0)
+    save_yaml(TrainConfig(data="d", out=str(tmp_path), warmup_steps=30), tmp_path / "config.yaml")
+    resumed = config_from_namespace(parse("--out", tmp_path, "--resume", "--warmup-epochs", 1))
+    assert (resumed.warmup_steps, resumed.warmup_epochs) == (None, 1.0)
+
+
+def test_the_image_size_help_and_the_readme_state_the_plans_rule():
+    """`--image-size auto` as plan/rules.py decides it: the native size of small raw images,
+    else 64 px on a CPU and on CUDA below SMALL_SET train images, else 224 (the README once
+    said the first and --help the second, which left out the small-set rule)."""
+    from pathlib import Path
+
+    from turbotrain.datasets.beton.layout import SMALL_IMAGE_MAX_SIDE
+    from turbotrain.train.plan.rules import SHORT_RUN_SIZE, SMALL_SET
+    text = FIELDS["image_size"].metadata["help"]
+    for number in (f"<= {SMALL_IMAGE_MAX_SIDE} px", f"else {SHORT_RUN_SIZE} on CPU",
+                   f"fewer than {SMALL_SET:,} train images", "else 224"):
+        assert number in text, number
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `--image-size` |"))
+    for number in (f"{SHORT_RUN_SIZE} on CPU", f"fewer than {SMALL_SET:,} train images",
+                   "else 224"):
+        assert number in row, number

@@ -158,3 +158,46 @@ def test_deterministic_backward_on_cuda(name, monkeypatch):
         model(images).sum().backward()
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+# ---------------------------------------------------------------------------- timm's names
+
+def test_timm_names_with_a_weights_tag_are_accepted():
+    """timm.create_model takes `arch.tag` (the tag picks the weights and their config), which
+    timm.list_models() does not list: `timm:resnet18.a1_in1k` builds as timm builds it."""
+    pytest.importorskip("timm")
+    spec = get_model_spec("timm:resnet18.a1_in1k")
+    assert spec.name == "timm:resnet18.a1_in1k" and spec.family == "timm" and spec.conv
+    net = build_model(spec, num_classes=3).net
+    assert net.pretrained_cfg["tag"] == "a1_in1k" and net.fc.out_features == 3
+    vit = get_model_spec("timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k", image_size=32)
+    assert not vit.conv and vit.kwargs == {"img_size": 32}
+
+
+@pytest.mark.parametrize("name, says", [
+    ("timm:resnet18.no_such_tag", "timm's resnet18 has no weights tag 'no_such_tag'; its tags: "
+                                  "a1_in1k, a2_in1k"),
+    ("timm:no_such_net", "timm has no model 'no_such_net'"),
+    ("timm:no_such_net.a1_in1k", "timm has no model 'no_such_net'"),
+    ("timm:timm/resnet18.a1_in1k", "Use 'hf-hub:timm/resnet18.a1_in1k'"),
+    ("timm:local-dir:/no/such/folder", "no config.json in /no/such/folder"),
+])
+def test_names_timm_would_refuse_are_one_line(name, says):
+    pytest.importorskip("timm")
+    with pytest.raises(TrainError) as exc:
+        get_model_spec(name)
+    assert says in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+
+
+def test_an_hf_hub_model_is_read_from_the_cache_only(tmp_path, monkeypatch):
+    """`timm:hf-hub:ID` is a name timm takes; its config.json comes from the Hugging Face cache
+    (the hub set offline: no download, no retries), and a missing one is one line."""
+    pytest.importorskip("timm")
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    spec = get_model_spec("timm:hf-hub:timm/resnet18.a1_in1k")
+    with pytest.raises(TrainError) as exc:
+        build_model(spec, num_classes=2)
+    assert str(exc.value).startswith("--model timm:hf-hub:timm/resnet18.a1_in1k: its config "
+                                     "is not in the Hugging Face cache")
+    assert "huggingface-cli download timm/resnet18.a1_in1k" in str(exc.value)

@@ -78,6 +78,36 @@ def test_nan_is_written_as_null_and_curves_are_drawn(tmp_path):
     assert path.is_file() and path.stat().st_size > 1000
 
 
+@pytest.mark.parametrize("with_val", [True, False])
+def test_curves_without_a_val_split_draw_no_empty_accuracy_panels(tmp_path, monkeypatch,
+                                                                 with_val):
+    """A run without val has no accuracy to draw: curves.png is the loss row only, titled so,
+    instead of two empty accuracy panels under it."""
+    from turbotrain.train.records import report
+    log = MetricsLog(tmp_path)
+    for step in range(1, 5):
+        log.write({"kind": "step", "step": step, "loss": 1.0 / step, "epoch": 0,
+                   "epoch_float": step / 4, "time": float(step)})
+    val = {"val_loss": 0.7, "val_accuracy": 0.6} if with_val else {}
+    log.write({"kind": "epoch", "epoch": 0, "epoch_float": 1.0, "step": 4, "time": 4.0, **val})
+    drawn = {}
+    save = report.save_figure
+
+    def keep(fig, path, **kwargs):
+        drawn["labels"] = [ax.get_ylabel() for ax in fig.axes]
+        drawn["title"] = fig._suptitle.get_text() if fig._suptitle else ""
+        return save(fig, path, **kwargs)
+    monkeypatch.setattr(report, "save_figure", keep)
+    assert plot_curves(tmp_path).is_file()
+    if with_val:
+        assert drawn["labels"] == ["loss", "loss", "accuracy", "accuracy"]
+        assert drawn["title"] == ""
+    else:
+        assert drawn["labels"] == ["loss", "loss"]
+        assert drawn["title"] == "train loss only: the run had no val split to measure " \
+                                 "accuracy on"
+
+
 class _Terminal:
     def __init__(self):
         self.text = ""

@@ -76,7 +76,7 @@ def test_best_and_final_weights_rebuild_the_trained_model(source_run, tiny_datas
     best, final = source_run / "best.safetensors", source_run / "final.safetensors"
     assert best.is_file() and final.is_file()
     epochs = [r for r in read_jsonl(source_run / "metrics.jsonl") if r["kind"] == "epoch"]
-    assert all(r["val_top5"] == 1.0 for r in epochs)  # 4 classes: top-5 is top-4, always right
+    assert all(r["val_top5"] is None for r in epochs)  # 4 classes: a top-5 would be 100%
     best_epoch = max(epochs, key=lambda r: r["val_accuracy"])  # the first of the best
     _, card = read_weights(best)
     assert card.info["step"] == best_epoch["step"]
@@ -95,9 +95,23 @@ def test_best_and_final_weights_rebuild_the_trained_model(source_run, tiny_datas
     assert torch.equal(loaded(images), trained.eval()(images))
     assert load_classifier(source_run)[1].info["step"] == best_epoch["step"]  # a run: its best
     summary = json.loads((source_run / "summary.json").read_text())
-    assert summary["val_top5"] == 1.0
+    assert summary["val_top5"] is None
     assert summary["best_val_accuracy"] == best_epoch["val_accuracy"]
     assert summary["weights_final"] == str(final)
+
+
+def test_eval_of_a_four_class_run_reports_no_top_k(cli, source_run, tmp_path):
+    """eval's top-k with k = the class count would be 100% for every model: with 5 classes
+    or fewer eval.json has top1 only (top_k null) and the summary line says top-1 only."""
+    code, stdout, err = cli("eval", "--run", source_run, "--out", tmp_path / "eval.json",
+                            "--device", "cpu")
+    assert code == 0, err
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["top_k"] is None and not {"top4", "top5"} & set(result)
+    assert all(set(c) >= {"accuracy", "recall"} and "top4" not in c
+               for c in result["per_class"])
+    line = next(line for line in stdout.splitlines() if "top-1" in line)
+    assert "top-4" not in line and "top-5" not in line, line
 
 
 def test_ema_runs_keep_the_ema_weights(train_cli, tiny_dataset, tmp_path):
@@ -232,11 +246,40 @@ def test_pretrained_weights_missing_from_the_cache_is_one_line(train_cli, tiny_d
                                       "--model", "resnet18", "--pretrained", *FAST, *CPU)[::2])
     path = tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
     assert line == ("train: error: --pretrained: resnet18's weights are not in the cache; "
-                    "download https://download.pytorch.org/models/resnet18-f37072fd.pth to "
+                    "add --download to fetch them, or download "
+                    "https://download.pytorch.org/models/resnet18-f37072fd.pth to "
                     f"{path} (or set TORCH_HOME)")
     line = _one_line_error(*train_cli("--data", tiny_dataset, "--out", tmp_path / "r",
                                       "--model", "compact28", "--pretrained", *FAST)[::2])
     assert "compact28 has no published weights" in line and "--init-from" in line
+
+
+def test_download_fetches_pretrained_weights_and_says_where_when_it_cannot(
+        tiny_dataset, tmp_path):
+    """--download is the one way weights are fetched. Here no network is reachable (a proxy on
+    a closed port stands for it): the real command ends in one line naming the URL and the
+    file to put there; --download without --pretrained is refused."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "TORCH_HOME": str(tmp_path / "torch"),
+           "https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
+    done = subprocess.run([sys.executable, "-m", "turbotrain", "train", "--data",
+                           str(tiny_dataset), "--out", str(tmp_path / "r"), "--model",
+                           "resnet18", "--pretrained", "--download", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=240, env=env)
+    path = tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    line = _one_line_error(done.returncode, done.stderr)
+    assert line.startswith("train: error: --download: cannot fetch "
+                           "https://download.pytorch.org/models/resnet18-f37072fd.pth (")
+    assert line.endswith(f"); download it where there is a network and copy it to {path}")
+    assert not path.exists() and not (tmp_path / "r").exists()
+    done = subprocess.run([sys.executable, "-m", "turbotrain", "train", "--data",
+                           str(tiny_dataset), "--download"], capture_output=True, text=True,
+                          timeout=240)
+    assert _one_line_error(done.returncode, done.stderr) == (
+        "train: error: --download fetches --pretrained weights: add --pretrained (or drop "
+        "--download)")
 
 
 def test_pretrained_timm_weights_missing_from_the_hf_cache_is_one_line(

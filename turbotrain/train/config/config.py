@@ -25,10 +25,12 @@ AUTO = "auto"
 
 
 def _setting(default, help: str, group: str, *, choices=None, saved: bool = True,
-             shown: str | None = None):
-    """`shown`: how --help writes the default (None: auto for None, on/off for booleans)."""
+             shown: str | None = None, aliases: tuple[str, ...] = ()):
+    """`shown`: how --help writes the default (None: auto for None, on/off for booleans).
+    `aliases`: other trainers' names of the same flag, with exactly its meaning (`-b`)."""
     return field(default=default, metadata={"help": help, "group": group, "choices": choices,
-                                            "saved": saved, "shown": shown})
+                                            "saved": saved, "shown": shown,
+                                            "aliases": aliases})
 
 
 @dataclass
@@ -40,10 +42,11 @@ class TrainConfig:
                              "(resident when the decoded split fits in memory, then dali on "
                              "CUDA, then pytorch)", "data")
     image_size: int | None = _setting(None, "training resolution in pixels; auto: the native size "
-                                      "of small raw images (<= 64 px), else 224 on CUDA and 64 "
-                                      "on CPU", "data")
+                                      "of small raw images (<= 64 px), else 64 on CPU and, on "
+                                      "CUDA, for fewer than 10,000 train images, else 224",
+                                      "data")
     workers: int | None = _setting(None, "pipeline worker threads/processes per rank; auto: from "
-                                   "the thread budget", "data")
+                                   "the thread budget", "data", aliases=("--num-workers",))
     worker_mode: str = _setting(AUTO, "pytorch pipeline workers: threads (decode threads in the "
                                 "training process, measured fastest) or processes (a torch "
                                 "DataLoader with worker processes); auto: threads", "data",
@@ -81,9 +84,14 @@ class TrainConfig:
                                         shown="none")
     # -- starting from weights (finetune.py, weights_in.py)
     pretrained: bool = _setting(False, "start from the model's published weights "
-                                "(torchvision's DEFAULT, timm's default), read from the local "
-                                "cache only (TORCH_HOME, HF_HOME): nothing is downloaded",
+                                "(torchvision's DEFAULT, timm's default or the tag's: "
+                                "timm:resnet18.a1_in1k), read from the local cache (TORCH_HOME, "
+                                "HF_HOME); nothing is downloaded without --download",
                                 "weights")
+    download: bool = _setting(False, "with --pretrained: download the weights into that cache "
+                              "when they are not there (torchvision's from download.pytorch.org, "
+                              "hash-checked; timm's from the Hugging Face hub)", "weights",
+                              saved=False)
     init_from: str | None = _setting(None, "start from these weights: a run folder (its "
                                      "best.safetensors, else final.safetensors), a .safetensors "
                                      "file or a state_dict .pt", "weights", shown="none")
@@ -99,9 +107,10 @@ class TrainConfig:
                                       "size (CUDA 256, CPU 64; 512/128 for images <= 64 px), "
                                       "lowered to the largest that fits in memory, or with "
                                       "--global-batch-size the largest divisor of it that fits",
-                                      "optim")
+                                      "optim", aliases=("-b",))
     accum_steps: int = _setting(1, "micro-batches per optimizer step (global batch = batch-size x "
-                                "accum-steps x world size)", "optim")
+                                "accum-steps x world size)", "optim",
+                                aliases=("--grad-accum-steps",))
     global_batch_size: int | None = _setting(None, "images per optimizer step over all ranks; "
                                              "sets --accum-steps to G / (batch-size x ranks)",
                                              "optim", shown="batch-size x accum-steps x ranks")
@@ -117,6 +126,10 @@ class TrainConfig:
                              choices=("cosine", "linear", "onecycle"))
     warmup_steps: int | None = _setting(None, "linear LR warm-up in optimizer steps; auto: 5%% "
                                         "of the run, at least 1 and at most 2000", "optim")
+    # Saved as the steps it comes to (the plan converts it): config.yaml holds one warm-up.
+    warmup_epochs: float | None = _setting(None, "the warm-up in epochs instead, converted to "
+                                           "optimizer steps (E x steps per epoch, rounded)",
+                                           "optim", saved=False, shown="none")
     ema: bool = _setting(False, "keep an exponential moving average of the weights and evaluate "
                          "it at the end", "optim")
     ema_decay: float = _setting(0.999, "EMA decay per optimizer step (ramped up early in the run)",
@@ -227,6 +240,13 @@ class TrainConfig:
                                                  and self.time_budget > 0):
             raise TrainError(f"--time-budget must be a positive duration, not "
                              f"{self.time_budget}")
+        if self.warmup_epochs is not None:
+            if not (math.isfinite(self.warmup_epochs) and self.warmup_epochs >= 0):
+                raise TrainError(f"--warmup-epochs must be a number >= 0, not "
+                                 f"{self.warmup_epochs}")
+            if self.warmup_steps is not None:
+                raise TrainError("--warmup-steps and --warmup-epochs both set the warm-up; "
+                                 "give one")
         if self.lr is not None and self.lr <= 0:
             raise TrainError(f"--lr must be positive, not {self.lr}")
         self._validate_weights_settings()
@@ -255,6 +275,9 @@ class TrainConfig:
         --resume."""
         if not (math.isfinite(self.layer_decay) and 0.0 < self.layer_decay <= 1.0):
             raise TrainError(f"--layer-decay must be in (0, 1] (1: off), not {self.layer_decay}")
+        if self.download and not self.pretrained:
+            raise TrainError("--download fetches --pretrained weights: add --pretrained (or "
+                             "drop --download)")
         if self.pretrained and self.init_from is not None:
             raise TrainError("--pretrained and --init-from both name starting weights; give one")
         if self.freeze_backbone and not (self.pretrained or self.init_from is not None):

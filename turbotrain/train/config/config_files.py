@@ -85,13 +85,26 @@ def save_yaml(config: TrainConfig, path: str | os.PathLike) -> None:
 # What a run saved before a setting existed did instead: resuming it must not switch to what
 # `auto` would pick now (a split over half the RAM would go quasi-random mid-run).
 BEFORE_IT_EXISTED = {"order": "random"}
+# Settings that are one value in two units: a layer that sets one drops the other from the
+# layers below it (a resumed run's saved warmup-steps under a --warmup-epochs flag).
+SAME_SETTING = (("warmup_steps", "warmup_epochs"),)
+
+
+def _layer(below: dict, above: dict) -> dict:
+    """`above` over `below`, SAME_SETTING pairs taken whole from the layer that sets one."""
+    below = dict(below)
+    for pair in SAME_SETTING:
+        if any(name in above for name in pair):
+            for name in pair:
+                below.pop(name, None)
+    return {**below, **above}
 
 
 def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
     """Defaults <- RUNDIR/config.yaml (with --resume) <- --config FILE <- the given flags."""
     given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
     from_file = load_yaml(given["config"]) if given.get("config") else {}
-    requested = {**from_file, **given}
+    requested = _layer(from_file, given)
     saved = {}
     resume = requested.get("resume")
     if resume:
@@ -106,7 +119,7 @@ def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
                 raise TrainError(f"--resume: no run to continue in {requested['out']} "
                                  "(no config.yaml there)")
             saved = {**BEFORE_IT_EXISTED, **load_yaml(saved_path)}
-    settings = {**saved, **requested}
+    settings = _layer(saved, requested)
     if settings.get("time_budget") is not None and "epochs" not in settings:
         # The budget decides the run's length (budget.fit_budget); --epochs, when given, caps it.
         settings["epochs"] = BUDGET_MAX_EPOCHS

@@ -143,7 +143,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, pipeline_choices=No
                 kwargs["type"] = _flag_parser(name)
                 kwargs["metavar"] = METAVARS.get(name) or (
                     name.upper() if kind is str else kind.__name__.upper())
-        groups[f.metadata["group"]].add_argument(flag, **kwargs)
+        groups[f.metadata["group"]].add_argument(flag, *f.metadata["aliases"], **kwargs)
 
 
 def _flag_parser(name: str):

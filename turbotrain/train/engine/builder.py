@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,7 +113,11 @@ def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSt
     decision as made. Returns (plan, train split, train pipeline, val pipeline or None)."""
     machine = Machine.detect(env)
     observed = Observed(host_memory=host_memory.decision())  # applied by cli.run_train
-    device = plan(config, None, machine, observed).device  # the process group needs it first
+    first = plan(config, None, machine, observed)  # the process group needs the device first
+    device = first.device
+    for decision in first.decisions.values():  # a setting asked for that is slow here
+        if decision.warning and env.is_main:
+            print(f"train: warning: {decision.warning}", file=sys.stderr, flush=True)
     use_device(device)
     init_process_group(env, device, config.dist_timeout)
     if config.resume == AUTO:  # rank 0 looks at --out, so that every rank takes one path
@@ -225,8 +231,8 @@ def threads_after_pipeline(plan: ThreadPlan, pipeline, device_type: str = "cpu")
 
 def default_run_dir(config: TrainConfig) -> str:
     name = Path(config.data.rstrip("/")).name or "data"
-    return str(Path("runs") / f"{name}-{config.model.replace(':', '-')}-"
-                              f"{time.strftime('%Y%m%d-%H%M%S')}")
+    model = re.sub(r"[^\w.-]+", "-", config.model)  # timm:hf-hub:timm/x: one folder name
+    return str(Path("runs") / f"{name}-{model}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def _listing(folder: str | None) -> list[str] | None:

@@ -272,8 +272,9 @@ class Trainer:
             self._write_epoch_record(result)
         self.progress.message(f"epoch {c.epoch + 1 if record_epoch else self._epoch_float():.3g}"
                               f" step {c.step}: val_loss {result['val_loss']:.4f} "
-                              f"val_accuracy {result['val_accuracy']:.2%} "
-                              f"top5 {result['val_top5']:.2%}")
+                              f"val_accuracy {result['val_accuracy']:.2%}"
+                              + ("" if result["val_top5"] is None else  # <= 5 classes: no top5
+                                 f" top5 {result['val_top5']:.2%}"))
         self._reset_timing_window()
 
     def _write_epoch_record(self, result: dict) -> None:

@@ -18,11 +18,11 @@ from . import nets  # noqa: F401  (registers resnet9, airbench, compact28)
 from .model_check import check_fits_memory, net_on_meta
 # ModelSpec and register_model are re-exported: models.py is where callers look for them.
 from .registry import MODELS, ModelSpec, register_model  # noqa: F401
+from .timm_names import TIMM_PREFIX, check_timm_name, hub_offline
 
 # ImageNet's mean/std on the 0..255 scale: the stem's fallback when dataset.json has none.
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-TIMM_PREFIX = "timm:"
 
 
 def model_names() -> list[str]:
@@ -105,12 +105,21 @@ def _timm_spec(timm_name: str, kwargs: dict, image_size: int | None,
         import timm
     except ImportError:
         raise TrainError(f"model {TIMM_PREFIX}{timm_name} needs timm: pip install timm") from None
-    if timm_name not in timm.list_models():
-        raise TrainError(f"timm has no model {timm_name!r} (see timm.list_models())")
+    arch = check_timm_name(timm, timm_name)  # resnet18, resnet18.a1_in1k, hf-hub:..., ...
     name = TIMM_PREFIX + timm_name
 
     def builder(extra: dict) -> Callable[[int], nn.Module]:
-        return lambda n: timm.create_model(timm_name, pretrained=False, num_classes=n, **extra)
+        def build(n: int) -> nn.Module:
+            with hub_offline() as hub:  # an hf-hub: model's config.json: from the cache
+                try:
+                    return timm.create_model(timm_name, pretrained=False, num_classes=n, **extra)
+                except OSError as exc:  # huggingface_hub's LocalEntryNotFoundError
+                    cache = getattr(hub, "HF_HUB_CACHE", "the Hugging Face cache")
+                    raise TrainError(f"--model {name}: its config is not in the Hugging Face "
+                                     f"cache {cache}; fetch it once where there is a network "
+                                     f"(huggingface-cli download {timm_name.split(':', 1)[-1]}) "
+                                     f"and copy that folder here, or set HF_HOME") from None
+        return build
 
     note = ""
     if image_size is not None:
@@ -122,6 +131,8 @@ def _timm_spec(timm_name: str, kwargs: dict, image_size: int | None,
             with torch.device("meta"):
                 builder(sized)(2)
             kwargs, note = sized, f"built with img_size={image_size}, the run's image size"
+        except TrainError:
+            raise
         except TypeError as exc:
             if "img_size" not in str(exc):
                 raise TrainError(f"{where}: {name} refuses them ({exc})") from None
@@ -133,7 +144,7 @@ def _timm_spec(timm_name: str, kwargs: dict, image_size: int | None,
                              "choose another --image-size") from None
     if kwargs:  # (with img_size: built above; this also bounds its size)
         _try_on_meta(name, builder(kwargs), where)
-    conv = not timm_name.startswith(("vit", "deit", "swin", "beit", "eva"))
+    conv = not arch.startswith(("vit", "deit", "swin", "beit", "eva"))
     return ModelSpec(name, builder(kwargs), sgd_lr=0.1, weight_decay=1e-4, conv=conv,
                      family="timm", kwargs=kwargs, note=note)
 

@@ -43,7 +43,7 @@ from .rules import BatchSearch, Decision
 ORDER = ("device", "resume", "host_memory", "evaluation", "image_size", "model", "model_kwargs",
          "batch_size", "accum_steps", "lr", "weight_decay", "worker_mode", "precision",
          "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
-         "warmup_steps")
+         "warmup_steps", "warmup")
 _NOT_LISTED = object()
 
 
@@ -352,7 +352,11 @@ def _schedule(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machin
     if config.max_steps is not None:
         total = min(total, config.max_steps)
     warmup = config.warmup_steps
-    if warmup is None:
+    if config.warmup_epochs is not None:  # saved as the steps: config.yaml has one warm-up
+        warmup = round(config.warmup_epochs * steps)
+        d["warmup"] = Decision(f"{warmup} steps", f"--warmup-epochs {config.warmup_epochs:g} x "
+                               f"{steps} steps per epoch")
+    elif warmup is None:
         warmup = _decide(d, "warmup_steps",
                          recipe.warmup_steps(total, from_weights=config.from_weights))
-    return config.replace(warmup_steps=warmup), steps, total
+    return config.replace(warmup_steps=warmup, warmup_epochs=None), steps, total

@@ -22,6 +22,7 @@ The batch fetch is the labelled range DATA_RANGE in both.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,12 @@ DATA_RANGE = "data_loading"  # the profiler label of `next(iterator)`
 TRACE_NAME = "trace.json"
 PROFILE_TABLE_NAME = "profile.txt"
 TOP_OPERATORS = 25  # rows of profile.txt
+# Kineto (the profiler's C++ side) logs to stderr: on a CPU it has nothing to say but its
+# start/stop markers and "gpuGetDeviceCount failed with code 35" (it asks the CUDA runtime for
+# GPUs there are none of). Its logger reads KINETO_LOG_LEVEL when the first profile starts;
+# above its last level (USDT, 5) it prints nothing. Set for CPU runs only, and only when the
+# user has not set it: on CUDA its errors are worth seeing.
+KINETO_QUIET = "6"
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,8 @@ class TraceWindow:
             activities = [ProfilerActivity.CPU]
             if self.device.type == "cuda":
                 activities.append(ProfilerActivity.CUDA)
+            else:
+                os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
             # A schedule (always recording: the window is started and stopped here) makes the
             # profiler mark each optimizer step as a ProfilerStep#N range.
             self.profiler = profile(activities=activities, record_shapes=False,

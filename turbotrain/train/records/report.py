@@ -104,7 +104,8 @@ def write_summary(run_dir: str | os.PathLike, summary: dict) -> None:
 
 
 def plot_curves(run_dir: str | os.PathLike) -> Path | None:
-    """curves.png: train/val loss and val accuracy against wall time and against epoch."""
+    """curves.png: train/val loss and val accuracy against wall time and against epoch; a run
+    without a val split has no accuracy to draw: the loss row only, titled so."""
     records = read_metrics(run_dir)
     steps = [r for r in records if r.get("kind") == "step" and r.get("loss") is not None]
     epochs = [r for r in records if r.get("kind") == "epoch"]
@@ -115,28 +116,34 @@ def plot_curves(run_dir: str | os.PathLike) -> Path | None:
     matplotlib.use("Agg")  # no display needed; safe in CI and under torchrun
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
+    with_val = [r for r in epochs if r.get("val_loss") is not None]
+    rows = 2 if with_val else 1
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 3.5 * rows + 0.5 * (rows == 1)),
+                             constrained_layout=True, squeeze=False)
+    if not with_val:
+        fig.suptitle("train loss only: the run had no val split to measure accuracy on")
     for column, axis_key, label in ((0, "time", "wall time (s)"), (1, "epoch_float", "epoch")):
-        loss_ax, acc_ax = axes[0][column], axes[1][column]
+        loss_ax = axes[0][column]
+        acc_ax = axes[1][column] if with_val else None
         loss_ax.plot([r[axis_key] for r in steps], [r["loss"] for r in steps],
                      label="train loss", lw=1)
-        with_val = [r for r in epochs if r.get("val_loss") is not None]
         if with_val:
             loss_ax.plot([r[axis_key] for r in with_val], [r["val_loss"] for r in with_val],
                          "o-", label="val loss")
             acc_ax.plot([r[axis_key] for r in with_val], [r["val_accuracy"] for r in with_val],
                         "o-", label="val accuracy", color="C2")
         for stop in stops:  # --target-accuracy / --time-budget ended the run here
-            for ax in (loss_ax, acc_ax):
+            for ax in (loss_ax, acc_ax) if with_val else (loss_ax,):
                 ax.axvline(stop[axis_key], color="C1", lw=1.5,
                            label=f"stopped: {stop['reason'].replace('_', ' ')}")
         loss_ax.set(xlabel=label, ylabel="loss")
         loss_ax.legend()
-        acc_ax.set(xlabel=label, ylabel="accuracy", ylim=(0, 1))
-        if stops:
-            acc_ax.legend()
-        acc_ax.grid(alpha=0.3)
         loss_ax.grid(alpha=0.3)
+        if with_val:
+            acc_ax.set(xlabel=label, ylabel="accuracy", ylim=(0, 1))
+            if stops:
+                acc_ax.legend()
+            acc_ax.grid(alpha=0.3)
     return save_figure(fig, Path(run_dir) / CURVES_NAME)
 
 

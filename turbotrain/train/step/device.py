@@ -66,8 +66,9 @@ def choose_precision(requested: str, device: torch.device,
         elif requested == "bf16":  # emulated before compute capability 8.0: torch knows
             gpu = GpuInfo("", (0, 0), 0, bf16=torch.cuda.is_bf16_supported())
         return rules.precision(requested, "cuda", gpu, cpu_bf16=False)
+    # (also for bf16 asked for: the decision then says whether it is emulated, and slow)
     return rules.precision(requested, device.type, None,
-                           cpu_bf16=requested == "auto" and cpu_has_native_bf16())
+                           cpu_bf16=requested in ("auto", "bf16") and cpu_has_native_bf16())
 
 
 def choose_compile(requested: bool | None, device: torch.device,

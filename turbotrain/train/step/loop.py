@@ -25,6 +25,8 @@ from .ema import ModelEMA
 from .mixing import Mixer, soft_target_cross_entropy
 from .schedule import PEAK_LR, LRSchedule, build_optimizer
 
+TOP_K = 5  # val_top5: a hit when the label is among the 5 highest logits
+
 
 @dataclass(frozen=True)
 class StepSettings:
@@ -152,14 +154,15 @@ def evaluate(model: nn.Module, pipeline, *, device: torch.device, precision: str
              channels_last: bool, env: DistEnv) -> dict:
     """Accuracy, top-5 accuracy and mean cross-entropy (no label smoothing) over the whole
     split, summed across ranks; every count stays on the device until the one read at the end.
-    With fewer than 5 classes `val_top5` is top-k with k = the class count, so 1.0.
-    `pipeline` is rewound to its first batch before and after."""
+    With 5 classes or fewer `val_top5` is None: the five best guesses hold every class, so any
+    model would score 100%. `pipeline` is rewound to its first batch before and after."""
     was_training = model.training
     model.eval()
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     # loss sum, correct, count, correct in the top 5
     totals = torch.zeros(4, dtype=torch.float64, device=device)
     start = time.perf_counter()
+    classes = 0
     initial = pipeline.state_dict()
     try:
         for images, labels in pipeline:
@@ -170,7 +173,8 @@ def evaluate(model: nn.Module, pipeline, *, device: torch.device, precision: str
             totals[0] += loss
             totals[1] += (logits.argmax(dim=1) == labels).sum()
             totals[2] += labels.numel()
-            top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            classes = logits.shape[1]
+            top = logits.topk(min(TOP_K, classes), dim=1).indices
             totals[3] += (top == labels[:, None]).any(dim=1).sum()
     finally:
         pipeline.load_state_dict(initial)
@@ -178,7 +182,8 @@ def evaluate(model: nn.Module, pipeline, *, device: torch.device, precision: str
     loss_sum, correct, count, correct5 = all_reduce_sum(totals, env).tolist()
     count = max(count, 1.0)
     return {"val_loss": loss_sum / count, "val_accuracy": correct / count,
-            "val_top5": correct5 / count, "val_images": int(count),
+            "val_top5": correct5 / count if classes > TOP_K else None,
+            "val_images": int(count),
             "eval_seconds": time.perf_counter() - start}
 
 

@@ -10,8 +10,9 @@ the defaults (data, batch size, pipeline, precision, channels_last), so on the r
 the top-1 accuracy is the val_accuracy the run logged for those weights, to the last digit
 (best.safetensors is saved at the evaluation that measured it; tests/train/use/test_use.py checks).
 
-Writes `eval.json` (RUNDIR/eval.json, beside a --weights file, or --out FILE): top-1, top-k
-(k = min(5, classes)), mean cross-entropy (no label smoothing: the trainer's val_loss), per-class
+Writes `eval.json` (RUNDIR/eval.json, beside a --weights file, or --out FILE): top-1, top-5
+(above 5 classes; with fewer the five best guesses hold every class, so it is left out and
+`top_k` is null), mean cross-entropy (no label smoothing: the trainer's val_loss), per-class
 precision, recall and accuracy with the class names, the confusion matrix (rows: true class,
 columns: predicted; up to MAX_CONFUSION_CLASSES classes) and each image's top-1 class; and
 `confusion.png` beside it (labelled up to LABELLED_CLASSES classes).
@@ -76,7 +77,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    loaded = load_model(args)
+    loaded = load_model(args, prog=PROG)
     out = Path(args.out) if args.out else (loaded.run_dir or loaded.path.parent) / "eval.json"
     if not args.overwrite:  # before the evaluation, not after it
         check_not_there(out)
@@ -120,7 +121,7 @@ def evaluate_split(loaded: LoadedModel, split, *, batch_size: int | None = None,
                    worker_mode=settings.get("worker_mode"))
     source, name, _ = open_pipeline(name, split, train=False, **options)
     classes = card.num_classes
-    k = min(TOP_K, classes)
+    k = min(TOP_K, classes)  # with <= 5 classes top-k holds them all: not reported (top_k None)
     confusion = torch.zeros(classes * classes if classes <= MAX_CONFUSION_CLASSES else 0,
                             dtype=torch.int64)
     support = torch.zeros(classes, dtype=torch.int64)
@@ -163,12 +164,13 @@ def evaluate_split(loaded: LoadedModel, split, *, batch_size: int | None = None,
             "precision": ok / p if p else None, "recall": ok / n if n else None,
             # Top-1 accuracy on this class's images (= recall), and top-k on them.
             "accuracy": ok / n if n else None,
-            f"top{k}": int(correct_k[c]) / n if n else None})
+            **({f"top{k}": int(correct_k[c]) / n if n else None} if classes > TOP_K else {})})
     return {
         "model": card.model, "weights": str(loaded.path), "split": split.split,
         "images": count, "classes": classes,
-        "top1": int(correct.sum()) / count, f"top{k}": int(correct_k.sum()) / count,
-        "top_k": k, "loss": loss_sum / count,
+        "top1": int(correct.sum()) / count,
+        **({f"top{k}": int(correct_k.sum()) / count} if classes > TOP_K else {}),
+        "top_k": k if classes > TOP_K else None, "loss": loss_sum / count,
         "pipeline": name, "batch_size": batch_size, "image_size": card.image_size,
         "precision": loaded.precision, "device": str(loaded.device),
         "seconds": seconds, "images_per_second": count / seconds if seconds > 0 else None,
@@ -279,7 +281,8 @@ def summary_lines(result: dict, loaded: LoadedModel, *, same_data: bool) -> list
     k = result["top_k"]
     lines = [f"{result['data']}/{result['split']}: {result['images']:,} images, "
              f"{result['pipeline']} pipeline, batch {result['batch_size']}: "
-             f"top-1 {result['top1']:.2%}, top-{k} {result[f'top{k}']:.2%}, "
+             f"top-1 {result['top1']:.2%}, "
+             + (f"top-{k} {result[f'top{k}']:.2%}, " if k else "") +
              f"loss {result['loss']:.4f} ({result['images_per_second'] or 0:,.0f} images/s)"]
     logged = result["run_logged"].get("val_accuracy")
     if same_data and isinstance(logged, (int, float)):

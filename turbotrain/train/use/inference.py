@@ -23,6 +23,7 @@ from turbotrain.datasets import DatasetError
 from turbotrain.datasets.source_types import SourceError
 from turbotrain.pipeline import PipelineError
 from turbotrain.printable import printable
+from turbotrain.process_end import stdout_reader_gone
 
 from ..config.config_files import read_yaml
 from ..config.config_flags import parse_value
@@ -94,10 +95,11 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
 
 def load_model(args: argparse.Namespace, *, device: str = "auto",
-               precision: str | None = None) -> LoadedModel:
+               precision: str | None = None, prog: str = "turbotrain") -> LoadedModel:
     """The model `args.run` or `args.weights` names, on the device and in the precision asked
-    for (or the run's). TrainError for a missing run, a run without weights, or a file that is
-    not a turbotrain weights file (all one line)."""
+    for (or the run's, unless it is emulated and slow here: then what train would pick here,
+    said in a note on stderr). TrainError for a missing run, a run without weights, or a file
+    that is not a turbotrain weights file (all one line)."""
     started = time.perf_counter()
     run_dir = None
     if getattr(args, "run_dir", None):
@@ -118,8 +120,17 @@ def load_model(args: argparse.Namespace, *, device: str = "auto",
     model, card = load_classifier(source, dev)
     same_kind = settings.get("device") == dev.type
     asked = getattr(args, "precision", precision) or precision
+    inherited = asked is None
     if asked is None:
         asked = settings.get("precision", "auto") if same_kind else "auto"
+    chosen_precision = choose_precision(asked, dev)
+    if chosen_precision.warning and inherited:  # a bf16 run on a CPU without native bf16
+        chosen_precision = choose_precision("auto", dev)
+        print(f"{prog}: note: the run's precision {asked} is emulated on this CPU (3-6x slower "
+              f"than fp32); running in {chosen_precision.value} (--precision {asked} keeps "
+              f"the run's)", file=sys.stderr)
+    elif chosen_precision.warning:
+        print(f"{prog}: warning: {chosen_precision.warning}", file=sys.stderr)
     conv = get_model_spec(card.model).conv
     channels_last = settings.get("channels_last") if same_kind else None
     channels_last = choose_channels_last(channels_last, conv).value
@@ -127,7 +138,7 @@ def load_model(args: argparse.Namespace, *, device: str = "auto",
         model = model.to(memory_format=torch.channels_last)
     return LoadedModel(model=model, card=card, path=Path(source), run_dir=run_dir,
                        settings=settings, device=dev,
-                       precision=choose_precision(asked, dev).value,
+                       precision=chosen_precision.value,
                        channels_last=channels_last,
                        load_seconds=time.perf_counter() - started)
 
@@ -175,6 +186,10 @@ def run_command(prog: str, body: Callable[[argparse.Namespace], int],
         return body(args)
     except user_errors() as exc:
         return fail(prog, str(exc))
+    except BrokenPipeError:
+        if stdout_reader_gone():  # `predict ... | head`: ends quietly (process_end.py)
+            raise
+        return fail(prog, "a connection closed while writing to it (Broken pipe)")
     except OSError as exc:  # writing an output where it cannot go, a disk full
         where = f"{exc.filename}: " if exc.filename else ""
         return fail(prog, f"{where}{exc.strerror or exc}")

@@ -105,7 +105,7 @@ def run_predict(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.out and not args.overwrite and os.path.lexists(args.out):  # before any work
         raise TrainError(f"--out {existing_refusal(Path(args.out), '--overwrite')}")
-    loaded = load_model(args)
+    loaded = load_model(args, prog=PROG)
     inputs = Inputs([list_images(path, allow_outside_root=args.allow_outside_root)
                      for path in args.inputs])
     stdout = args.out is None

@@ -109,7 +109,8 @@ def start_model(spec: ModelSpec, config: TrainConfig, dataset, *, resuming: bool
     if resuming or not config.from_weights:
         model = build_model(spec, n, dataset.mean, dataset.std)
     else:
-        start = pretrained_start(spec, n) if config.pretrained else init_start(config.init_from)
+        start = (pretrained_start(spec, n, download=config.download) if config.pretrained
+                 else init_start(config.init_from))
         decide("init", start.what, "--pretrained" if config.pretrained else "--init-from")
         if start.mean is not None:
             mean, std = start.mean, start.std

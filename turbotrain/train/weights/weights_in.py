@@ -1,9 +1,11 @@
-"""Where a fine-tuning run's first weights come from, read without running code or downloading.
+"""Where a fine-tuning run's first weights come from, read without running code.
 
 * `--pretrained`: the model's published weights. torchvision's named DEFAULT weights, read from
   torch's hub cache (`torch.hub.get_dir()/checkpoints/<file name of weights.url>`, TORCH_HOME
-  moves it); timm's default weights for `timm:NAME`, loaded by timm from the Hugging Face cache
-  with the hub set offline. A file that is not there is one line saying where it must go.
+  moves it); timm's weights for `timm:NAME` (its default, or the tag's: `timm:resnet18.a1_in1k`),
+  loaded by timm from the Hugging Face cache with the hub set offline. Nothing is downloaded
+  unless `--download` says so: a file that is not there is one line saying where it must go,
+  and that `--download` fetches it (torchvision's file checked against the hash in its name).
 * `--init-from SOURCE`: a turbotrain run folder (its best.safetensors, else final.safetensors),
   a `.safetensors` file (ours, with a card, or a plain state_dict one), or a state_dict saved
   with `torch.save` (any other name).
@@ -15,7 +17,6 @@ containers. safetensors files hold tensors and a JSON header only.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from turbotrain.datasets.untrusted import UnsafeInput, open_regular
 from turbotrain.printable import printable
 
 from ..errors import TrainError
-from ..models.models import IMAGENET_MEAN, IMAGENET_STD, TIMM_PREFIX, ModelSpec
+from ..models.models import IMAGENET_MEAN, IMAGENET_STD, TIMM_PREFIX, ModelSpec, hub_offline
 from ..records import checkpoint as ckpt
 from .weights import BEST_NAME, FINAL_NAME, ModelCard, read_safetensors, run_weights
 
@@ -176,11 +177,12 @@ def source_classes(config, spec: ModelSpec) -> tuple[int | None, tuple[str, ...]
 
 # ---------------------------------------------------------------------------- --pretrained
 
-def pretrained_start(spec: ModelSpec, num_classes: int) -> Start:
+def pretrained_start(spec: ModelSpec, num_classes: int, *, download: bool = False) -> Start:
+    """--pretrained's weights from the cache; with `download`, fetched into it when missing."""
     if spec.family == "torchvision":
-        return _torchvision_start(spec)
+        return _torchvision_start(spec, download)
     if spec.family == "timm":
-        return _timm_start(spec, num_classes)
+        return _timm_start(spec, num_classes, download)
     raise TrainError(f"--pretrained: {spec.name} has no published weights (torchvision and "
                      f"timm models do, e.g. --model resnet18 or --model {TIMM_PREFIX}resnet18); "
                      "to start from a run of yours, pass --init-from RUNDIR")
@@ -191,7 +193,22 @@ def _hub_file(url: str) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
 
 
-def _torchvision_start(spec: ModelSpec) -> Start:
+def _download(url: str, path: Path) -> None:
+    """`url` into the hub cache at `path`, checked against the hash prefix in its name (as
+    torch.hub's check_hash does); a network or disk failure is one TrainError line."""
+    found = torch.hub.HASH_REGEX.search(path.name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.hub.download_url_to_file(url, str(path), found.group(1) if found else None,
+                                       progress=False)
+    except (OSError, RuntimeError) as exc:  # URLError is an OSError; a bad hash RuntimeError
+        reason = str(getattr(exc, "reason", None) or exc).strip().splitlines()
+        raise TrainError(f"--download: cannot fetch {url} ({reason[0][:200] if reason else ''}"
+                         f"); download it where there is a network and copy it to {path}"
+                         ) from None
+
+
+def _torchvision_start(spec: ModelSpec, download: bool) -> Start:
     import torchvision
     try:
         weights = torchvision.models.get_model_weights(spec.name).DEFAULT
@@ -199,9 +216,12 @@ def _torchvision_start(spec: ModelSpec) -> Start:
         raise TrainError(f"--pretrained: torchvision publishes no weights for {spec.name}"
                          ) from None
     path = _hub_file(weights.url)
+    if not os.path.lexists(path) and download:
+        _download(weights.url, path)
     if not os.path.lexists(path):
-        raise TrainError(f"--pretrained: {spec.name}'s weights are not in the cache; download "
-                         f"{weights.url} to {path} (or set TORCH_HOME)")
+        raise TrainError(f"--pretrained: {spec.name}'s weights are not in the cache; add "
+                         f"--download to fetch them, or download {weights.url} to {path} "
+                         f"(or set TORCH_HOME)")
     categories = weights.meta.get("categories") or None
     return Start(what=f"torchvision's {weights} ({path.name})", flag="--pretrained",
                  state=load_state_file(path, "--pretrained"),
@@ -211,50 +231,34 @@ def _torchvision_start(spec: ModelSpec) -> Start:
                  num_classes=len(categories) if categories else None)
 
 
-@contextlib.contextmanager
-def _hub_offline():
-    """The Hugging Face hub in offline mode: its cache only, never the network. The library
-    reads HF_HUB_OFFLINE when it is imported (timm imports it), so its constant is set too."""
-    previous_env = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    constants = None
-    with contextlib.suppress(ImportError):
-        from huggingface_hub import constants
-    previous = getattr(constants, "HF_HUB_OFFLINE", None)
-    if constants is not None:
-        constants.HF_HUB_OFFLINE = True
-    try:
-        yield constants
-    finally:
-        if constants is not None:
-            constants.HF_HUB_OFFLINE = previous
-        if previous_env is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = previous_env
-
-
-def _timm_start(spec: ModelSpec, num_classes: int) -> Start:
+def _timm_start(spec: ModelSpec, num_classes: int, download: bool) -> Start:
     import timm
     timm_name = spec.name[len(TIMM_PREFIX):]
     cfg = timm.models.get_pretrained_cfg(timm_name)
     hub_id, url = getattr(cfg, "hf_hub_id", None), getattr(cfg, "url", None)
     if cfg is None or not (hub_id or url):
         raise TrainError(f"--pretrained: timm publishes no weights for {spec.name}")
+    if not hub_id and not os.path.lexists(_hub_file(url)) and download:
+        _download(url, _hub_file(url))
     if not hub_id and not os.path.lexists(_hub_file(url)):
-        raise TrainError(f"--pretrained: {spec.name}'s weights are not in the cache; download "
-                         f"{url} to {_hub_file(url)} (or set TORCH_HOME)")
-    with _hub_offline() as hub:
+        raise TrainError(f"--pretrained: {spec.name}'s weights are not in the cache; add "
+                         f"--download to fetch them, or download {url} to {_hub_file(url)} "
+                         f"(or set TORCH_HOME)")
+    with hub_offline(not download) as hub:
         try:
             net = timm.create_model(timm_name, pretrained=True, num_classes=num_classes,
                                     **spec.kwargs)
         except (FileNotFoundError, OSError) as exc:
             # huggingface_hub's LocalEntryNotFoundError (an OSError): not in the cache.
             cache = getattr(hub, "HF_HUB_CACHE", "the Hugging Face cache")
+            fetch = (f"fetch them once where there is a network (huggingface-cli download "
+                     f"{hub_id}) and copy that folder here, or set HF_HOME")
+            if download:
+                raise TrainError(f"--download: cannot fetch {spec.name}'s weights ({hub_id}) "
+                                 f"into {cache} ({type(exc).__name__}); {fetch}") from None
             raise TrainError(f"--pretrained: {spec.name}'s weights ({hub_id or url}) are not in "
-                             f"the Hugging Face cache {cache}; fetch them once where there is "
-                             f"a network (huggingface-cli download {hub_id}) and copy that "
-                             f"folder here, or set HF_HOME ({type(exc).__name__})") from None
+                             f"the Hugging Face cache {cache}; add --download, or {fetch} "
+                             f"({type(exc).__name__})") from None
         except (RuntimeError, ValueError, AssertionError) as exc:
             reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
             raise TrainError(f"--pretrained: {spec.name}'s weights do not fit the model built "
