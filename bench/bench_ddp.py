@@ -49,7 +49,7 @@ def prepare_train_only(source: Path, folder: Path) -> Path:
     """The source's train split alone, as a prepared dataset (no val: nothing to evaluate)."""
     import numpy as np
     sys.path.insert(0, str(REPO))
-    from turbotrain.datasets.sources import detect_source
+    from turbotrain.datasets.sources.detect import detect_source
     split = detect_source(source).splits["train"]
     npz = folder / "train.npz"
     np.savez(npz, images=np.asarray(split.images), labels=np.asarray(split.labels))

@@ -220,7 +220,7 @@ def _old_feed(pipeline, indices):
     """DaliPipeline.graph_inputs' JPEG feed before the kernel: per sample a payload view,
     np.asarray and a header parse in Python (the baseline the new feed is measured against)."""
     import numpy as np
-    from turbotrain.datasets.images import stored_jpeg_size
+    from turbotrain.datasets.beton.sample_codec import stored_jpeg_size
     jpegs = []
     for i in indices.tolist():
         payload = np.asarray(pipeline.dataset.payload(i))
@@ -232,7 +232,7 @@ def _old_feed(pipeline, indices):
 
 def _new_feed(pipeline, indices):
     """The same part of graph_inputs now: one vectorised gather, one native header check."""
-    from turbotrain.datasets.format import MODE_JPEG
+    from turbotrain.datasets.beton.layout import MODE_JPEG
     is_jpeg = pipeline._modes[indices] == MODE_JPEG
     views = pipeline.dataset.payload_views(indices)
     pipeline._check_headers(indices, is_jpeg, views)
@@ -266,7 +266,7 @@ def child_use(data: str, folder: str) -> dict:
     """predict's input rate over the photo files, resident's load time of the split (CPU)."""
     import torch
     from turbotrain.datasets import open_dataset
-    from turbotrain.datasets.sources import list_images
+    from turbotrain.datasets.sources.image_files import list_images
     from turbotrain.pipeline import build_pipeline
     from turbotrain.train.use.predict import Inputs, batches
     inputs = Inputs([list_images(folder)])

@@ -67,8 +67,8 @@ def write_split(mib: int) -> Path:
     """A bare .beton of about `mib` MiB of raw SIDE x SIDE images (cached)."""
     import numpy as np
 
-    from turbotrain.datasets import format as fmt
-    from turbotrain.datasets.writer import BetonWriter
+    from turbotrain.datasets.beton import layout
+    from turbotrain.datasets.beton.writer import BetonWriter
     path = CACHE / f"raw{SIDE}-{mib}mib.beton"
     if path.exists():
         return path
@@ -77,12 +77,12 @@ def write_split(mib: int) -> Path:
     count = mib * 2**20 // sample
     rng = np.random.default_rng(0)
     partial = path.with_suffix(".partial")
-    with BetonWriter(partial, count, page_size=fmt.MIN_PAGE_SIZE) as writer:
+    with BetonWriter(partial, count, page_size=layout.MIN_PAGE_SIZE) as writer:
         for start in range(0, count, 4096):
             chunk = rng.integers(0, 256, size=(min(4096, count - start), sample), dtype=np.uint8)
             labels = rng.integers(0, 100, size=len(chunk))
             for pixels, label in zip(chunk, labels):
-                writer.append(fmt.MODE_RAW, SIDE, SIDE, pixels.tobytes(), int(label))
+                writer.append(layout.MODE_RAW, SIDE, SIDE, pixels.tobytes(), int(label))
     partial.rename(path)
     return path
 

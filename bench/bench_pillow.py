@@ -77,7 +77,7 @@ def best_pass(work, items: list[bytes], repeats: int) -> list[float]:
 def child(jpeg_list: str, png_list: str, repeats: int) -> dict:
     import PIL
     from PIL import Image
-    from turbotrain.datasets.images import encode_sample
+    from turbotrain.datasets.beton.sample_codec import encode_sample
 
     def decode_resize(blobs: list[bytes]) -> list[float]:
         decode = resize = 0.0

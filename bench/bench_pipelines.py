@@ -97,7 +97,7 @@ def cifar_npz() -> Path:
 
 def prepared(source: Path, name: str) -> Path:
     """`prepare-dataset SOURCE OUT` with the default options (once); returns OUT."""
-    from turbotrain.datasets.prepare import PrepareOptions, prepare_dataset
+    from turbotrain.datasets.prepare.convert import PrepareOptions, prepare_dataset
     out = CACHE / f"{name}-prepared"
     if not (out / "dataset.json").exists():
         prepare_dataset(source, out, PrepareOptions(progress=False))

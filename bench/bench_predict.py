@@ -88,7 +88,7 @@ def child_input(name: str, folder: str, dataset: str, image_size: int, workers: 
     import torch
 
     from turbotrain.datasets import open_dataset
-    from turbotrain.datasets.sources import list_images
+    from turbotrain.datasets.sources.image_files import list_images
     from turbotrain.pipeline import build_pipeline
     from turbotrain.train.use.predict import Inputs, batches
     torch.set_num_threads(1)

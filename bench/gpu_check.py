@@ -132,10 +132,10 @@ def write_data(folder: Path, settings: Settings, report: Report):
     from concurrent.futures import ThreadPoolExecutor
 
     import cv2
-    from turbotrain.datasets import format as fmt
+    from turbotrain.datasets.beton import layout
     from turbotrain.datasets import open_dataset
     from turbotrain.datasets.synthetic import CLASSES, shape_image
-    from turbotrain.datasets.writer import BetonWriter
+    from turbotrain.datasets.beton.writer import BetonWriter
 
     def encode(i: int) -> tuple[int, int, bytes]:
         image = shape_image(0, i, i % len(CLASSES), settings.source_size)
@@ -146,7 +146,7 @@ def write_data(folder: Path, settings: Settings, report: Report):
     path = folder / "train.beton"
     with ThreadPoolExecutor(max_workers=16) as pool, BetonWriter(path, settings.images) as out:
         for i, (h, w, data) in enumerate(pool.map(encode, range(settings.images))):
-            out.append(fmt.MODE_JPEG, h, w, data, i % len(CLASSES))
+            out.append(layout.MODE_JPEG, h, w, data, i % len(CLASSES))
     report.say(f"wrote {settings.images} JPEGs {settings.source_size[0]}x"
                f"{settings.source_size[1]} to {path} ({path.stat().st_size / 1e6:.0f} MB)")
     return open_dataset(path)

@@ -39,7 +39,7 @@ def install_simplejpeg_stand_in() -> None:
 
     def decode_jpeg_header(data, min_height=0, min_width=0, min_factor=1.0, strict=True):
         """(height, width, colour space, subsampling), from our own marker parser."""
-        from turbotrain.datasets.jpeg_header import read_jpeg_header
+        from turbotrain.datasets.beton.jpeg_header import read_jpeg_header
         header = read_jpeg_header(bytes(memoryview(data)))  # ValueError when malformed
         return header.height, header.width, "Gray" if header.components == 1 else "YCbCr", "?"
 

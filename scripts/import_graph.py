@@ -34,9 +34,12 @@ import tokenize
 from pathlib import Path
 
 # The layer order, top first. A group is "prefix, prefix"; a module belongs to the group of the
-# longest prefix that names it or a package above it. train's folders are ordered too
-# (docs/ARCHITECTURE.md "Layout"), so that an import from one into a folder above it (plan
-# importing engine) is reported. turbotrain.train itself (__init__, cli) is train's top.
+# longest prefix that names it or a package above it. train's and datasets' folders are ordered
+# too (docs/ARCHITECTURE.md "Layout"), so that an import from one into a folder above it (plan
+# importing engine, beton importing remote) is reported. turbotrain.train itself (__init__, cli)
+# is train's top, turbotrain.datasets (__init__: open_dataset; synthetic) datasets'.
+# turbotrain.files (untrusted, safe_create, folder_lock) is below every package that reads or
+# writes files, above the leaf modules (printable, os_failure) it uses.
 DEFAULT_LAYERS = (
     "turbotrain.cli, turbotrain.__main__, turbotrain.demo, turbotrain.lightning"
     " > turbotrain.train"
@@ -52,6 +55,12 @@ DEFAULT_LAYERS = (
     " > turbotrain.train.errors"
     " > turbotrain.pipeline"
     " > turbotrain.datasets"
+    " > turbotrain.datasets.prepare"
+    " > turbotrain.datasets.sources"
+    " > turbotrain.datasets.remote"
+    " > turbotrain.datasets.beton"
+    " > turbotrain.datasets.errors"
+    " > turbotrain.files"
     " > turbotrain"
 )
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)

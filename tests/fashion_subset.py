@@ -13,7 +13,7 @@ def prepare_fashion_subset(root: Path, train_images: int, val_images: int) -> Pa
     """Writes root/subset.npz and prepares it into root/data; returns root/data."""
     assert FASHION.is_dir(), "apt-get install dataset-fashion-mnist (CI installs it)"
     from turbotrain.cli import main as turbotrain_main
-    from turbotrain.datasets.sources import detect_source
+    from turbotrain.datasets.sources.detect import detect_source
     source = detect_source(FASHION)
     train, val = source.splits["train"], source.splits["val"]
     npz = root / "subset.npz"

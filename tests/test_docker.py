@@ -409,7 +409,7 @@ def test_dockerignore_sends_what_the_dockerfile_copies_and_nothing_else():
                  "turbotrain/pipeline/_native.cpython-311-x86_64-linux-gnu.so"):
         assert not sent_to_docker(path, patterns), f".dockerignore lets {path} through"
     for path in ("pyproject.toml", "setup.py", "README.md", "turbotrain", "turbotrain/cli.py",
-                 "turbotrain/datasets/format.py", "turbotrain/pipeline/csrc/module.c",
+                 "turbotrain/datasets/beton/layout.py", "turbotrain/pipeline/csrc/module.c",
                  "turbotrain/pipeline/csrc/sample.h"):
         assert sent_to_docker(path, patterns), f".dockerignore drops {path}"
     # Every COPY from the context (not from a stage) must reach the engine, all its files.

@@ -40,7 +40,7 @@ def server(tmp_path_factory):
 READ_AND_END = """
     import sys
     from turbotrain.datasets import DatasetError
-    from turbotrain.datasets.object_store import Store
+    from turbotrain.datasets.remote.object_store import Store
     from turbotrain.process_end import run_as_process
 
     def read(url, name):
@@ -74,7 +74,7 @@ def test_ending_early_still_joins_threads_runs_atexit_and_flushes(server, tmp_pa
     ended = _child("""
         import atexit, sys, threading, time
         from pathlib import Path
-        from turbotrain.datasets.object_store import Store
+        from turbotrain.datasets.remote.object_store import Store
         from turbotrain.process_end import run_as_process
 
         out = Path(sys.argv[2])
@@ -109,7 +109,7 @@ def test_exit_codes_read_as_sys_exit_reads_them():
 
 
 def test_the_fresh_download_process_says_how_it_ended_when_it_says_nothing():
-    from turbotrain.datasets.object_store import _ended
+    from turbotrain.datasets.remote.object_store import _ended
     killed = subprocess.CompletedProcess([], -6, "", "")
     assert _ended(killed, "http://h/ds/a.beton") == (
         "http://h/ds/a.beton: the process reading it for this forked process was killed by "
@@ -129,7 +129,7 @@ def test_the_console_scripts_end_through_run_as_process():
 
 
 def test_the_download_process_of_a_fork_ends_before_finalizing(server, tmp_path):
-    """`python -m turbotrain.datasets.object_store` runs as __main__, a second copy of the
+    """`python -m turbotrain.datasets.remote.object_store` runs as __main__, a second copy of the
     module: the end must read the runtime's owner from the imported one (it once did not, and
     the process aborted after its download, 1 run in ~20 of test_remote's fork test)."""
     probe = tmp_path / "probe.py"
@@ -140,7 +140,7 @@ def test_the_download_process_of_a_fork_ends_before_finalizing(server, tmp_path)
         end.exit_before_finalizing = lambda status: (seen.append(status),
                                                       print("ended early", status), exit(status))
         sys.argv = ["object_store", *sys.argv[1:]]
-        runpy.run_module("turbotrain.datasets.object_store", run_name="__main__")
+        runpy.run_module("turbotrain.datasets.remote.object_store", run_name="__main__")
     """))
     ended = subprocess.run([sys.executable, str(probe), server.url, "size", "obj"], cwd=REPO,
                            capture_output=True, text=True, timeout=60)

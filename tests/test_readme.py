@@ -379,7 +379,7 @@ def all_parts(name: str, parts: int = 4) -> Callable:
     """Setup for `turbotrain merge NAME`: the N parts of SOURCE written into cwd/NAME (small
     shards, through the library: the flag's minimum is 8 MiB), and one machine's run beside."""
     def setup(box: Sandbox) -> None:
-        from turbotrain.datasets.prepare import PrepareOptions, prepare_dataset
+        from turbotrain.datasets.prepare.convert import PrepareOptions, prepare_dataset
         options = dict(shard_size=MERGE_SHARD_BYTES, workers=1, progress=False)
         for part in range(parts):
             prepare_dataset(box.source, box.cwd / name, PrepareOptions(part=(part, parts),

@@ -20,9 +20,9 @@ import sys
 
 from . import __version__
 from .arg_parser import CommandParser
-from .datasets.format import SMALL_IMAGE_MAX_SIDE
-from .datasets.reader import DatasetError
-from .datasets.untrusted import Limits
+from .datasets.beton.layout import SMALL_IMAGE_MAX_SIDE
+from .datasets.errors import DatasetError
+from .files.untrusted import Limits
 from .os_failure import reporting
 from .printable import printable
 from .process_end import run_as_process
@@ -104,8 +104,8 @@ def _positive_mb(text: str) -> int:
 
 def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
     # lazy: each command's modules load when it runs: `turbotrain --help` stays at 0.15 s
-    from .datasets.prepare import PrepareError, PrepareOptions, prepare_dataset
-    from .datasets.shard_plan import ShardPlanError, parse_part, parse_shard_size
+    from .datasets.prepare.convert import PrepareError, PrepareOptions, prepare_dataset
+    from .datasets.prepare.shard_plan import ShardPlanError, parse_part, parse_shard_size
     try:
         shard_size = None if args.shard_size is None else parse_shard_size(args.shard_size)
         part = None if args.part is None else parse_part(args.part)
@@ -153,7 +153,7 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
 # -- inspect / verify ---------------------------------------------------------------------------
 def run_inspect(args: argparse.Namespace) -> int:
     # lazy: each command's modules load when it runs: `turbotrain --help` stays at 0.15 s
-    from .datasets.check import describe
+    from .datasets.beton.verify import describe
     try:
         print(describe(args.out))
     except DatasetError as e:
@@ -163,7 +163,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     # lazy: each command's modules load when it runs: `turbotrain --help` stays at 0.15 s
-    from .datasets.check import verify
+    from .datasets.beton.verify import verify
     try:
         problems = verify(args.out, progress=sys.stderr.isatty())
     except DatasetError as e:
@@ -178,7 +178,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def run_merge(args: argparse.Namespace) -> int:
     # lazy: each command's modules load when it runs: `turbotrain --help` stays at 0.15 s
-    from .datasets.merge import MergeError, merge
+    from .datasets.prepare.merge import MergeError, merge
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # `kill` ends it as Ctrl-C does
     try:
         info = merge(args.out)
@@ -202,8 +202,8 @@ def run_merge(args: argparse.Namespace) -> int:
 # -- cache ------------------------------------------------------------------------------------
 def run_cache(args: argparse.Namespace) -> int:
     # lazy: each command's modules load when it runs: `turbotrain --help` stays at 0.15 s
-    from .datasets.remote import cache_settings
-    from .datasets.shard_cache import LOCKS, ShardCache, shown_size
+    from .datasets.remote.split import cache_settings
+    from .datasets.remote.shard_cache import LOCKS, ShardCache, shown_size
     try:
         folder, limit = cache_settings(args.cache_dir, args.cache_limit)
         if not (folder / LOCKS).is_dir():  # never made by the cache: nothing is created

@@ -26,7 +26,7 @@ from pathlib import Path
 from .printable import printable
 
 EXIT_CODE = 2
-# The command `reporting` runs: lines written where Python cannot run (datasets/map_guard.py's
+# The command `reporting` runs: lines written where Python cannot run (datasets/beton/map_guard.py's
 # SIGBUS line, precomputed per mapped file) start with it.
 RUNNING_PROG = "turbotrain"
 

@@ -22,8 +22,8 @@ it ends the process quietly with status 141, when stdout is what broke (`stdout_
 a broken socket is still an error.
 
 Only process entry points call `run_as_process` (`python -m turbotrain`, the console scripts,
-`python -m turbotrain.datasets.object_store`): `cli.main` stays an ordinary function for code
-and tests that call it in-process.
+`python -m turbotrain.datasets.remote.object_store`): `cli.main` stays an ordinary function
+for code and tests that call it in-process.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
-_STORE_MODULE = "turbotrain.datasets.object_store"
+_STORE_MODULE = "turbotrain.datasets.remote.object_store"
 READER_GONE_STATUS = 128 + signal.SIGPIPE  # 141: what a shell shows for `yes | head -1`
 
 

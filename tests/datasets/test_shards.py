@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from turbotrain.datasets import BetonFile, DatasetError, open_dataset
-from turbotrain.datasets.check import describe, verify
-from turbotrain.datasets.prepare import PrepareOptions, prepare_dataset
-from turbotrain.datasets.shard_plan import (ShardPlanError, cut, parse_part, parse_shard_size,
-                                            part_shards, plan_split)
-from turbotrain.datasets.shards import LocalShard, parse_shard_filename, shard_filename
-from turbotrain.datasets.sources import detect_source, shuffled_order
+from turbotrain.datasets.beton.shards import LocalShard, parse_shard_filename, shard_filename
+from turbotrain.datasets.beton.verify import describe, verify
+from turbotrain.datasets.prepare.convert import PrepareOptions, prepare_dataset
+from turbotrain.datasets.prepare.shard_plan import (ShardPlanError, cut, parse_part,
+                                                    parse_shard_size, part_shards, plan_split)
+from turbotrain.datasets.prepare.split_order import shuffled_order
+from turbotrain.datasets.sources.detect import detect_source
 from turbotrain.datasets.synthetic import write_shapes_imagefolder
 
 from .cli_run import cli, one_line_error

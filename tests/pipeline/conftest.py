@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from turbotrain.datasets import format as fmt
 from turbotrain.datasets import open_dataset
-from turbotrain.datasets.writer import BetonWriter
+from turbotrain.datasets.beton import layout
+from turbotrain.datasets.beton.writer import BetonWriter
 from turbotrain.pipeline import PipelineUnavailable, build_pipeline, pipeline_names
 
 
@@ -34,13 +34,13 @@ def photo_image(i: int, height: int, width: int) -> np.ndarray:
 
 def write_photo_split(path, count: int = 40, corrupt: tuple[int, ...] = ()) -> str:
     import simplejpeg
-    with BetonWriter(path, count, page_size=fmt.MIN_PAGE_SIZE) as writer:
+    with BetonWriter(path, count, page_size=layout.MIN_PAGE_SIZE) as writer:
         for i in range(count):
             h, w = PHOTO_SIZES[i % len(PHOTO_SIZES)]
             payload = simplejpeg.encode_jpeg(photo_image(i, h, w), quality=90)
             if i in corrupt:  # right length and sizes, garbage entropy data: fails on decode
                 payload = payload[:20] + bytes(len(payload) - 20)
-            writer.append(fmt.MODE_JPEG, h, w, payload, i)
+            writer.append(layout.MODE_JPEG, h, w, payload, i)
     return str(path)
 
 
@@ -51,9 +51,9 @@ def small_images(count: int, side: int) -> np.ndarray:
 
 def write_small_split(path, count: int = 50, side: int = 16) -> str:
     images = small_images(count, side)
-    with BetonWriter(path, count, page_size=fmt.MIN_PAGE_SIZE) as writer:
+    with BetonWriter(path, count, page_size=layout.MIN_PAGE_SIZE) as writer:
         for i in range(count):
-            writer.append(fmt.MODE_RAW, side, side, images[i].tobytes(), i)
+            writer.append(layout.MODE_RAW, side, side, images[i].tobytes(), i)
     return str(path)
 
 

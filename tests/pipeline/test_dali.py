@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from turbotrain.datasets import format as fmt
 from turbotrain.datasets import open_dataset
-from turbotrain.datasets.writer import BetonWriter
+from turbotrain.datasets.beton import layout
+from turbotrain.datasets.beton.writer import BetonWriter
 from turbotrain.pipeline import PipelineError, PipelineOptions, PipelineUnavailable, augment
 from turbotrain.pipeline.order import SampleOrder
 
@@ -37,12 +37,12 @@ def opts(image_size=32, **overrides) -> PipelineOptions:
 def write_small_mixed_split(path, count: int = 12, side: int = 16) -> str:
     import simplejpeg
     images = small_images(count, side)
-    with BetonWriter(path, count, page_size=fmt.MIN_PAGE_SIZE) as writer:
+    with BetonWriter(path, count, page_size=layout.MIN_PAGE_SIZE) as writer:
         for i in range(count):
             if i % 2:
-                writer.append(fmt.MODE_RAW, side, side, images[i].tobytes(), i)
+                writer.append(layout.MODE_RAW, side, side, images[i].tobytes(), i)
             else:  # the reference decodes the same JPEG (libjpeg-turbo in both)
-                writer.append(fmt.MODE_JPEG, side, side,
+                writer.append(layout.MODE_JPEG, side, side,
                               simplejpeg.encode_jpeg(images[i], quality=100), i)
     return str(path)
 
@@ -81,9 +81,9 @@ def test_small_images_are_resized_first(tmp_path):
     """16 px stored, 12 px asked for: resized, then pad-cropped. Smooth images, because
     resize filters disagree most on pixel noise (DALI linear+antialias vs cv2 INTER_AREA)."""
     path = tmp_path / "smooth16.beton"
-    with BetonWriter(path, 16, page_size=fmt.MIN_PAGE_SIZE) as writer:
+    with BetonWriter(path, 16, page_size=layout.MIN_PAGE_SIZE) as writer:
         for i in range(16):
-            writer.append(fmt.MODE_RAW, 16, 16, photo_image(i, 16, 16).tobytes(), i)
+            writer.append(layout.MODE_RAW, 16, 16, photo_image(i, 16, 16).tobytes(), i)
     dataset = open_dataset(path)
     with DaliPipeline(dataset, opts(12)) as pipeline:
         images, labels = run_epoch(pipeline)[0]

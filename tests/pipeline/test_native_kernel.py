@@ -16,9 +16,9 @@ import pytest
 import simplejpeg
 import torch
 
-from turbotrain.datasets import format as fmt
 from turbotrain.datasets import open_dataset
-from turbotrain.datasets.writer import BetonWriter
+from turbotrain.datasets.beton import layout
+from turbotrain.datasets.beton.writer import BetonWriter
 from turbotrain.pipeline import augment, build_pipeline, kernel
 from turbotrain.pipeline.cpu_decode import BatchDecoder, DecodeAhead, SampleDecodeError
 
@@ -37,14 +37,14 @@ def test_the_kernel_is_built_here():
 
 
 def write_split(path, sizes, *, raw_every: int = 4, subsampling: str = "420") -> str:
-    with BetonWriter(path, len(sizes), page_size=fmt.MIN_PAGE_SIZE) as writer:
+    with BetonWriter(path, len(sizes), page_size=layout.MIN_PAGE_SIZE) as writer:
         for i, (h, w) in enumerate(sizes):
             image = photo_image(i, h, w)
             if i % raw_every == raw_every - 1:
-                writer.append(fmt.MODE_RAW, h, w, image.tobytes(), i)
+                writer.append(layout.MODE_RAW, h, w, image.tobytes(), i)
             else:
                 jpeg = simplejpeg.encode_jpeg(image, quality=90, colorsubsampling=subsampling)
-                writer.append(fmt.MODE_JPEG, h, w, jpeg, i)
+                writer.append(layout.MODE_JPEG, h, w, jpeg, i)
     return str(path)
 
 
@@ -125,14 +125,14 @@ def test_small_images_resized_first(tmp_path):
 def test_sharded_splits_gather_their_payloads(tmp_path):
     """payload_addresses finds each sample's shard: a batch across three shards decodes to what
     the unsharded split gives."""
-    from turbotrain.datasets.dataset import PreparedSplit
-    from turbotrain.datasets.shards import LocalShard
+    from turbotrain.datasets.beton.split import PreparedSplit
+    from turbotrain.datasets.beton.shards import LocalShard
     sizes = [PHOTO_SIZES[i % 3] for i in range(12)]
     whole = open_dataset(write_split(tmp_path / "whole.beton", sizes))
     parts = []
     for k, chunk in enumerate((range(0, 5), range(5, 7), range(7, 12))):
         path = tmp_path / f"part{k}.beton"
-        with BetonWriter(path, len(chunk), page_size=fmt.MIN_PAGE_SIZE) as writer:
+        with BetonWriter(path, len(chunk), page_size=layout.MIN_PAGE_SIZE) as writer:
             for i in chunk:
                 mode = int(whole.modes[i])
                 writer.append(mode, int(whole.heights[i]), int(whole.widths[i]),
@@ -196,14 +196,14 @@ def test_full_and_region_decodes_give_the_same_batch(photos):
 
 def test_payload_views_locate_every_shard(tmp_path):
     """DALI's feed gathers a batch's payloads in one step: the same bytes as payload(i)."""
-    from turbotrain.datasets.dataset import PreparedSplit
-    from turbotrain.datasets.shards import LocalShard
+    from turbotrain.datasets.beton.split import PreparedSplit
+    from turbotrain.datasets.beton.shards import LocalShard
     sizes = [PHOTO_SIZES[i % 3] for i in range(9)]
     whole = open_dataset(write_split(tmp_path / "whole.beton", sizes))
     parts = []
     for k, chunk in enumerate((range(0, 4), range(4, 9))):
         path = tmp_path / f"part{k}.beton"
-        with BetonWriter(path, len(chunk), page_size=fmt.MIN_PAGE_SIZE) as writer:
+        with BetonWriter(path, len(chunk), page_size=layout.MIN_PAGE_SIZE) as writer:
             for i in chunk:
                 writer.append(int(whole.modes[i]), int(whole.heights[i]), int(whole.widths[i]),
                               bytes(whole.payload(i)), i)
@@ -221,11 +221,11 @@ def test_payload_views_locate_every_shard(tmp_path):
 def broken_split(tmp_path, damage: dict) -> str:
     """Photo split of 10 samples; damage[i](payload) replaces sample i's JPEG bytes."""
     path = tmp_path / "train.beton"
-    with BetonWriter(path, 10, page_size=fmt.MIN_PAGE_SIZE) as writer:
+    with BetonWriter(path, 10, page_size=layout.MIN_PAGE_SIZE) as writer:
         for i in range(10):
             h, w = PHOTO_SIZES[i % 2]
             jpeg = simplejpeg.encode_jpeg(photo_image(i, h, w), quality=90)
-            writer.append(fmt.MODE_JPEG, h, w, damage.get(i, lambda b: b)(jpeg), i)
+            writer.append(layout.MODE_JPEG, h, w, damage.get(i, lambda b: b)(jpeg), i)
     return str(path)
 
 
@@ -449,7 +449,7 @@ def test_the_python_path_runs_and_says_so_when_forced(tmp_path, photos):
 def test_a_missing_kernel_is_one_line_with_the_fix(monkeypatch):
     """An import failure (not built: no libjpeg headers at install) becomes the status line."""
     import turbotrain.pipeline as package
-    # Not bound when datasets/map_guard.py loaded the extension from its file first.
+    # Not bound when datasets/beton/map_guard.py loaded the extension from its file first.
     monkeypatch.delattr(package, "_native", raising=False)
     monkeypatch.setitem(sys.modules, "turbotrain.pipeline._native", None)  # import fails
     native, dtype, status = kernel._load()
@@ -464,4 +464,4 @@ def test_sample_records_match_the_kernels_layout():
     assert {name: kernel.SAMPLE_DTYPE.fields[name][1] for name in kernel.SAMPLE_DTYPE.names} \
         == kernel.NATIVE.SAMPLE_FIELDS
     assert augment.SMALL_IMAGE_PADDING == 2  # csrc/sample.c's SMALL_PADDING
-    assert (fmt.MODE_JPEG, fmt.MODE_RAW) == (kernel.NATIVE.MODE_JPEG, kernel.NATIVE.MODE_RAW)
+    assert (layout.MODE_JPEG, layout.MODE_RAW) == (kernel.NATIVE.MODE_JPEG, kernel.NATIVE.MODE_RAW)

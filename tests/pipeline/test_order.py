@@ -7,8 +7,8 @@ import pytest
 
 from turbotrain.pipeline import PipelineOptions, PipelineUnavailable, build_pipeline
 from turbotrain.pipeline.order import (QuasiRandomOrder, SampleOrder, block_bounds,
-                                       epoch_permutation, num_batches, order_for,
-                                       shards_in_order, virtual_blocks)
+                                       epoch_permutation, num_batches, order_for, shards_in_order,
+                                       virtual_blocks)
 
 from .conftest import build, product_pipelines, run_epoch
 
@@ -315,7 +315,7 @@ def test_a_sharded_split_is_read_shard_by_shard(name, sharded_path):
     yields the quasi-random order's batches (checked by the stored pixels of each sample).
     FFCV's Loader reads one .beton: `ffcv` refuses a sharded split, in one line."""
     from turbotrain.datasets import open_dataset
-    from turbotrain.datasets.sources import shuffled_order
+    from turbotrain.datasets.prepare.split_order import shuffled_order
     if name == "ffcv":
         with pytest.raises(PipelineUnavailable, match="stored in 4 shards"):
             build_pipeline(name, open_dataset(sharded_path), train=True, batch_size=8,

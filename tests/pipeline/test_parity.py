@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 import torch
 
-from turbotrain.datasets import format as fmt
 from turbotrain.datasets import open_dataset
-from turbotrain.datasets.writer import BetonWriter
+from turbotrain.datasets.beton import layout
+from turbotrain.datasets.beton.writer import BetonWriter
 from turbotrain.pipeline import PipelineOptions, augment
 
 from .conftest import PHOTO_SIZES, build, photo_image, product_pipelines, run_epoch
@@ -78,14 +78,14 @@ def reference(dataset, family: str, indices, *, seed: int, epoch: int, size: int
 def write_mixed_split(path, count: int = 20) -> str:
     """Every third sample raw, the rest JPEG, photo-sized; labels are the indices."""
     import simplejpeg
-    with BetonWriter(path, count, page_size=fmt.MIN_PAGE_SIZE) as writer:
+    with BetonWriter(path, count, page_size=layout.MIN_PAGE_SIZE) as writer:
         for i in range(count):
             h, w = PHOTO_SIZES[i % len(PHOTO_SIZES)]
             image = photo_image(i, h, w)
             if i % 3 == 0:
-                writer.append(fmt.MODE_RAW, h, w, image.tobytes(), i)
+                writer.append(layout.MODE_RAW, h, w, image.tobytes(), i)
             else:
-                writer.append(fmt.MODE_JPEG, h, w, simplejpeg.encode_jpeg(image, quality=95), i)
+                writer.append(layout.MODE_JPEG, h, w, simplejpeg.encode_jpeg(image, quality=95), i)
     return str(path)
 
 

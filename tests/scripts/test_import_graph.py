@@ -1,9 +1,10 @@
 """scripts/import_graph.py: on a toy package it finds a planted import cycle and an import that
 goes back up the layers; on turbotrain, no module-level import goes back up the layer order
-(cli > train's folders > pipeline > datasets) and none closes a cycle."""
+(cli > train's folders > pipeline > datasets' folders > files) and none closes a cycle."""
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,25 @@ def test_every_function_level_import_of_ours_says_why():
     """Issue 25: an import of our modules inside a function stays only to keep start-up fast or
     an optional part optional, and its `# lazy:` comment says which."""
     assert graph()["function_level_imports"]["unexplained"] == []
+
+
+def test_datasets_folders_are_layered():
+    """Issue 33: datasets/ split by concern, its folders ordered prepare > sources > remote >
+    beton > errors with turbotrain.files below them; none of their imports goes back up, not
+    even inside a function (open_dataset's lazy URL import goes down, into remote/), and no
+    folder holds more than 12 modules."""
+    layers = [group.strip() for group in runpy.run_path(str(SCRIPT))["DEFAULT_LAYERS"].split(">")]
+    below = layers[layers.index("turbotrain.datasets"):]
+    assert below == ["turbotrain.datasets", "turbotrain.datasets.prepare",
+                     "turbotrain.datasets.sources", "turbotrain.datasets.remote",
+                     "turbotrain.datasets.beton", "turbotrain.datasets.errors",
+                     "turbotrain.files", "turbotrain"]
+    r = graph()
+    ours = ("turbotrain.datasets", "turbotrain.files")
+    assert [i for kind in ("module", "function") for i in r["back_up_imports"][kind]
+            if i.startswith(ours)] == []
+    assert not [c for c in r["cycles_with_function_level"]["components"]
+                if any(m.startswith(ours) for m in c["modules"])]
+    crowded = {f: v["modules"] for f, v in r["folders"].items()
+               if f.startswith(("turbotrain/datasets", "turbotrain/files")) and v["modules"] > 12}
+    assert crowded == {}

@@ -26,7 +26,7 @@ import traceback
 from pathlib import Path
 
 from turbotrain.datasets import DatasetError, open_dataset
-from turbotrain.datasets.check import describe, verify
+from turbotrain.datasets.beton.verify import describe, verify
 from turbotrain.printable import printable
 
 # Special files a mutated `file` may name (made in WORKDIR/ds next to the real splits).

@@ -91,16 +91,16 @@ def mutate(jpeg: bytes, rng: random.Random) -> tuple[bytes, str]:
 
 
 def write_split(path: Path, count: int, seed: int) -> list[str]:
-    from turbotrain.datasets import format as fmt
-    from turbotrain.datasets.writer import BetonWriter
+    from turbotrain.datasets.beton import layout
+    from turbotrain.datasets.beton.writer import BetonWriter
     rng = random.Random(seed)
     bases = base_images()
     kinds = []
-    with BetonWriter(path, count, page_size=fmt.MIN_PAGE_SIZE) as writer:
+    with BetonWriter(path, count, page_size=layout.MIN_PAGE_SIZE) as writer:
         for i in range(count):
             jpeg, h, w = rng.choice(bases)
             payload, kind = mutate(jpeg, rng)
-            writer.append(fmt.MODE_JPEG, h, w, payload, i)
+            writer.append(layout.MODE_JPEG, h, w, payload, i)
             kinds.append(kind)
     return kinds
 

@@ -31,7 +31,7 @@ from tests.security.confined import changed, tree_state  # noqa: E402
 from tests.security.fuzz_dataset_json import DEEP, VALUES, _parent, _paths  # noqa: E402
 from turbotrain.cli import main as turbotrain_main  # noqa: E402
 from turbotrain.datasets import DatasetError, open_dataset  # noqa: E402
-from turbotrain.datasets.merge import MergeError, merge  # noqa: E402
+from turbotrain.datasets.prepare.merge import MergeError, merge  # noqa: E402
 from turbotrain.datasets.synthetic import write_shapes_imagefolder  # noqa: E402
 from turbotrain.printable import printable  # noqa: E402
 

@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from turbotrain.datasets.images import ImageError, encode_sample
-from turbotrain.datasets.sources import SourceError, detect_source
-from turbotrain.datasets.untrusted import UnsafeInput
+from turbotrain.datasets.beton.sample_codec import ImageError, encode_sample
+from turbotrain.datasets.sources.detect import detect_source
+from turbotrain.datasets.sources.source import SourceError
+from turbotrain.files.untrusted import UnsafeInput
 
 EXPECTED = (SourceError, ImageError, UnsafeInput)
 # A mutated header may declare any size up to the real cap (100 Mpx: up to 3.4 GB to decode),
@@ -188,8 +189,8 @@ def read_like_prepare(source_path: Path) -> None:
 
 
 def fuzz(workdir: Path, rounds: int, seed: int) -> dict:
-    from turbotrain.datasets import images
-    images.MAX_PIXELS = images.PIL_MAX_PIXELS = FUZZ_MAX_PIXELS
+    from turbotrain.datasets.beton import sample_codec
+    sample_codec.MAX_PIXELS = sample_codec.PIL_MAX_PIXELS = FUZZ_MAX_PIXELS
     problems, cases = [], 0
     for k, (kind, make) in enumerate(KINDS.items()):
         folder = workdir / kind.replace(".", "_")

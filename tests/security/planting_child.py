@@ -134,7 +134,7 @@ def prepare_case(work: Path) -> tuple[int | None, list[Path]]:
 
 
 def cache_case(work: Path) -> tuple[int | None, list[Path]]:
-    from turbotrain.datasets.shard_cache import ShardCache
+    from turbotrain.datasets.remote.shard_cache import ShardCache
     cache = work / "cache"
     cache.mkdir()
     plant(cache, ["k.beton", "k.beton.part"], work / "victims")

@@ -13,8 +13,8 @@ import pytest
 import simplejpeg
 
 from turbotrain.datasets import DatasetError, open_dataset
-from turbotrain.datasets import format as fmt
-from turbotrain.datasets.dataset import file_sha256
+from turbotrain.datasets.beton import layout
+from turbotrain.datasets.beton.split import file_sha256
 
 from .confined import tree_state
 from .test_dataset_json import (READER_PEAK_RSS, check_cli, cli, run_fuzz, write_small_dataset,
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def raw_sample(label: int, side: int = 8):
-    return fmt.MODE_RAW, side, side, bytes(side * side * 3), label
+    return layout.MODE_RAW, side, side, bytes(side * side * 3), label
 
 
 def refresh_json(root: Path, split: str = "train") -> None:
@@ -57,8 +57,8 @@ def test_negative_label_is_refused(tmp_path):
 
 
 def test_bare_beton_class_count_is_bounded(tmp_path):
-    beton = write_split(tmp_path / "x.beton", [raw_sample(0), raw_sample(fmt.MAX_CLASSES - 1)])
-    assert open_dataset(beton).num_classes == fmt.MAX_CLASSES
+    beton = write_split(tmp_path / "x.beton", [raw_sample(0), raw_sample(layout.MAX_CLASSES - 1)])
+    assert open_dataset(beton).num_classes == layout.MAX_CLASSES
 
 
 def test_labels_are_checked_against_the_class_names(tmp_path):
@@ -75,7 +75,7 @@ def test_metadata_claiming_a_huge_image_is_refused(tmp_path):
     """'<u2' sides allow 65,535 x 65,535 = 4.3 Gpx (12.9 GB decoded)."""
     root = write_small_dataset(tmp_path / "ds")
     jpeg = simplejpeg.encode_jpeg(np.zeros((8, 8, 3), np.uint8))
-    write_split(root / "train.beton", [raw_sample(0), (fmt.MODE_JPEG, 65535, 65535, jpeg, 1)])
+    write_split(root / "train.beton", [raw_sample(0), (layout.MODE_JPEG, 65535, 65535, jpeg, 1)])
     refresh_json(root)
     expected = (f"{root}/train.beton: sample 1 claims 65535x65535 pixels, over the 100 Mpx "
                 f"limit for one image")
@@ -109,7 +109,7 @@ def big_jpeg() -> bytes:
 def lying_dataset(tmp_path, big_jpeg) -> Path:
     """A prepared folder whose train sample 0 is that JPEG, labelled 8 x 8 in the metadata."""
     root = write_small_dataset(tmp_path / "ds")
-    write_split(root / "train.beton", [(fmt.MODE_JPEG, 8, 8, big_jpeg, 0), raw_sample(1)])
+    write_split(root / "train.beton", [(layout.MODE_JPEG, 8, 8, big_jpeg, 0), raw_sample(1)])
     refresh_json(root)
     return root
 
@@ -163,8 +163,8 @@ def test_cpu_decoder_checks_each_jpeg_header(tmp_path, big_jpeg, name):
     from turbotrain.pipeline import PipelineError, build_pipeline
     root = write_small_dataset(tmp_path / "ds")
     photo = simplejpeg.encode_jpeg(np.zeros((512, 512, 3), np.uint8), quality=75)
-    write_split(root / "train.beton", [(fmt.MODE_JPEG, 512, 512, photo, 0),
-                                       (fmt.MODE_JPEG, 8, 8, big_jpeg, 1)])
+    write_split(root / "train.beton", [(layout.MODE_JPEG, 512, 512, photo, 0),
+                                       (layout.MODE_JPEG, 8, 8, big_jpeg, 1)])
     refresh_json(root)
     with pytest.raises(PipelineError) as error:  # resident decodes the split as it is built
         pipeline = build_pipeline(name, open_dataset(root), train=False, batch_size=2,

@@ -18,10 +18,10 @@ import pytest
 import simplejpeg
 
 from turbotrain.datasets import DatasetError, open_dataset
-from turbotrain.datasets import format as fmt
-from turbotrain.datasets.check import describe
-from turbotrain.datasets.dataset import file_sha256
-from turbotrain.datasets.writer import BetonWriter
+from turbotrain.datasets.beton import layout
+from turbotrain.datasets.beton.split import file_sha256
+from turbotrain.datasets.beton.verify import describe
+from turbotrain.datasets.beton.writer import BetonWriter
 
 from .confined import Ran, run_confined, run_json_script, tree_state, turbotrain
 
@@ -87,7 +87,7 @@ def gradient_images(count: int, height: int = 24, width: int = 32) -> np.ndarray
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     """A real prepare-dataset output (JPEG, train 12 + val 4, 3 classes), never modified."""
-    from turbotrain.datasets.prepare import PrepareOptions, prepare_dataset
+    from turbotrain.datasets.prepare.convert import PrepareOptions, prepare_dataset
     root = tmp_path_factory.mktemp("prepared")
     images = gradient_images(16)
     np.savez(root / "src.npz", images=images[:12], labels=np.arange(12) % 3,
@@ -112,7 +112,7 @@ def edit_json(root: Path, edit) -> None:
 
 def write_split(path: Path, samples) -> Path:
     """A .beton of (mode, height, width, payload, label) samples, 2 MiB pages."""
-    with BetonWriter(path, len(samples), page_size=fmt.MIN_PAGE_SIZE) as writer:
+    with BetonWriter(path, len(samples), page_size=layout.MIN_PAGE_SIZE) as writer:
         for sample in samples:
             writer.append(*sample)
     return path
@@ -127,8 +127,8 @@ def write_small_dataset(root: Path, *, train: int = 12, val: int = 4) -> Path:
     for split, chunk in (("train", images[:train]), ("val", images[train:])):
         h, w = chunk.shape[1:3]
         path = write_split(root / f"{split}.beton", [
-            (fmt.MODE_JPEG, h, w, simplejpeg.encode_jpeg(image, quality=90), i % 3) if i % 2 == 0
-            else (fmt.MODE_RAW, h, w, image.tobytes(), i % 3) for i, image in enumerate(chunk)])
+            (layout.MODE_JPEG, h, w, simplejpeg.encode_jpeg(image, quality=90), i % 3) if i % 2 == 0
+            else (layout.MODE_RAW, h, w, image.tobytes(), i % 3) for i, image in enumerate(chunk)])
         splits[split] = {"file": path.name, "num_samples": len(chunk), "skipped": 0,
                          "encodings": {"jpeg": (len(chunk) + 1) // 2, "raw": len(chunk) // 2},
                          "bytes": path.stat().st_size, "sha256": file_sha256(path)}
@@ -137,7 +137,7 @@ def write_small_dataset(root: Path, *, train: int = 12, val: int = 4) -> Path:
             "pixel_stats": {"mean": [100.0, 90.0, 80.0], "std": [50.0, 40.0, 30.0],
                             "split": "train"},
             "encoding": {"encoding": "auto", "max_side": 512, "quality": 90,
-                         "page_size": fmt.MIN_PAGE_SIZE},
+                         "page_size": layout.MIN_PAGE_SIZE},
             "source": {"path": "/data/src.npz", "kind": "npz", "fingerprint": "0" * 64,
                        "val_fraction": 0.0}}
     (root / "dataset.json").write_text(json.dumps(info))

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from turbotrain.datasets import folder_lock
-from turbotrain.datasets.output_folder import OutputFolderError, install
+from turbotrain.datasets.prepare.output_folder import OutputFolderError, install
 from turbotrain.datasets.synthetic import write_shapes_imagefolder
+from turbotrain.files import folder_lock
 from turbotrain.train.config.config import TrainConfig
 from turbotrain.train.engine import run_folder
 from turbotrain.train.errors import TrainError

@@ -357,9 +357,9 @@ def png_declaring(width: int, height: int) -> bytes:
 
 
 def test_workers_are_bounded_by_the_largest_image(tmp_path):
-    from turbotrain.datasets.sources import detect_source
-    from turbotrain.datasets.worker_memory import (BYTES_PER_PIXEL, WORKER_BASE_BYTES,
-                                                   memory_bound_workers)
+    from turbotrain.datasets.sources.detect import detect_source
+    from turbotrain.datasets.prepare.worker_memory import (BYTES_PER_PIXEL, WORKER_BASE_BYTES,
+                                                           memory_bound_workers)
     src = image_folder(tmp_path / "src")
     gib = 1 << 30
     small = detect_source(src)

@@ -1,5 +1,5 @@
 """A remote dataset's server is input like any other: every byte read from it is bounded by the
-bytes asked for and held to a deadline (object_store.Store, remote_limits.py). Each case runs
+bytes asked for and held to a deadline (object_store.Store, read_limits.py). Each case runs
 the real `train --data http://127.0.0.1:PORT/ds` in a confined child against the misbehaving
 server of http_server.py (started and stopped here, on 127.0.0.1 only); then a seeded fuzz of
 what the server sends, in one confined child."""

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from turbotrain.files import folder_lock
 from turbotrain.train.config.config import TrainConfig
-from turbotrain.datasets import folder_lock
 from turbotrain.train.engine import run_folder
 from turbotrain.train.errors import TrainError
 from turbotrain.train.step.distributed import DistEnv

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from turbotrain.datasets import DatasetError
-from turbotrain.datasets.shard_cache import ShardCache, cache_key
+from turbotrain.datasets.remote.shard_cache import ShardCache, cache_key
 from turbotrain.datasets.synthetic import write_random_raw_dataset
 
 from .confined import changed, outside, tree_state

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from turbotrain.datasets import format as fmt
-from turbotrain.datasets.dataset import DATASET_FORMAT_VERSION, DATASET_JSON, split_filename
-from turbotrain.datasets.writer import BetonWriter
+from turbotrain.datasets.beton import layout
+from turbotrain.datasets.beton.dataset_json import DATASET_FORMAT_VERSION, DATASET_JSON
+from turbotrain.datasets.beton.split import split_filename
+from turbotrain.datasets.beton.writer import BetonWriter
 
 
 def tiny_images(count: int, size: int, num_classes: int, seed: int):
@@ -32,9 +33,9 @@ def write_tiny_dataset(root: Path, *, train: int = 96, val: int | None = 32, siz
     for offset, (split, count) in enumerate(splits.items()):
         images, labels = tiny_images(count, size, num_classes, seed + offset)
         path = root / split_filename(split)
-        with BetonWriter(path, count, page_size=fmt.MIN_PAGE_SIZE) as writer:
+        with BetonWriter(path, count, page_size=layout.MIN_PAGE_SIZE) as writer:
             for image, label in zip(images, labels):
-                writer.append(fmt.MODE_RAW, size, size, image.tobytes(), int(label))
+                writer.append(layout.MODE_RAW, size, size, image.tobytes(), int(label))
         info_splits[split] = {"file": path.name, "num_samples": count,
                               "bytes": path.stat().st_size}
     info = {"format_version": DATASET_FORMAT_VERSION,

@@ -1,10 +1,36 @@
-"""Sources, the binary format, its writer and its reader.
+"""Prepared datasets: reading them, and making them from raw images (docs/ARCHITECTURE.md,
+"Layout"; the format: docs/FORMAT.md).
 
     from turbotrain.datasets import open_dataset
     ds = open_dataset("OUT", split="train")
     len(ds), ds.classes, ds.labels, ds.read(i), ds.image(i)
+
+Top first, a folder's module-level imports only go down this list: prepare/ (SOURCE -> OUT),
+sources/ (what a SOURCE holds), remote/ (a dataset in object storage), beton/ (the format, its
+reader and writer, a prepared split), errors.py; turbotrain/files/ below them all.
 """
-from .dataset import PreparedSplit, open_dataset
-from .reader import BetonFile, DatasetError
+from __future__ import annotations
+
+import os
+
+from turbotrain.datasets.beton.reader import BetonFile
+from turbotrain.datasets.beton.split import PreparedSplit, open_local_dataset
+from turbotrain.datasets.remote.urls import is_url
+
+from .errors import DatasetError
 
 __all__ = ["BetonFile", "DatasetError", "PreparedSplit", "open_dataset"]
+
+
+def open_dataset(path: str | os.PathLike, split: str = "train", *, cache_dir=None,
+                 cache_limit=None, verify: bool = False) -> PreparedSplit:
+    """Opens split `split` of the prepared dataset at `path` (a folder), or a bare `.beton`,
+    or a URL (s3://, gs://, az://, https://: remote/split.py, through a shard cache in
+    cache_dir). `verify` (train's --verify-data): a local file whose SHA-256 is not the one
+    dataset.json records is refused when opened (a URL's shards are checked by the cache as it
+    downloads; a bare .beton records none)."""
+    if is_url(path):
+        # lazy: URL support (the object store client, +50 ms) stays out of `--help`
+        from turbotrain.datasets.remote.split import open_remote_dataset
+        return open_remote_dataset(path, split, cache_dir, cache_limit)
+    return open_local_dataset(path, split, verify=verify)

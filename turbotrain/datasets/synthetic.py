@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import format as fmt
-from .safe_create import write_file
-from .shards import shard_filename
-from .writer import BetonWriter
+from turbotrain.datasets.beton import layout
+from turbotrain.datasets.beton.shards import shard_filename
+from turbotrain.datasets.beton.writer import BetonWriter
+from turbotrain.files.safe_create import write_file
 
 CLASSES = ("circle", "square", "triangle", "star", "ring",
            "cross", "ellipse", "hexagon", "diamond", "stripes")
@@ -149,7 +149,7 @@ RAW_CLASSES = 5
 
 def write_random_raw_dataset(out: str | Path, *, shards: int = 4, per_shard: int = 40,
                              val: int = 20, seed: int = 0,
-                             page_size: int = fmt.MIN_PAGE_SIZE) -> Path:
+                             page_size: int = layout.MIN_PAGE_SIZE) -> Path:
     """Writes a prepared folder `out` (which must not exist): train in `shards` shards of
     `per_shard` samples (contract 1), val unsharded, labels cycling through 5 classes. With
     the default 2 MiB pages a shard of 40 samples is ~4 MiB (a metadata page, a data page)."""
@@ -162,7 +162,7 @@ def write_random_raw_dataset(out: str | Path, *, shards: int = 4, per_shard: int
     def write(path: Path, start: int, stop: int) -> dict:
         with BetonWriter(path, stop - start, page_size=page_size) as writer:
             for image, label in zip(images[start:stop], labels[start:stop]):
-                writer.append(fmt.MODE_RAW, RAW_SIDE, RAW_SIDE, image.tobytes(), int(label))
+                writer.append(layout.MODE_RAW, RAW_SIDE, RAW_SIDE, image.tobytes(), int(label))
         return {"file": path.name, "num_samples": stop - start, "bytes": path.stat().st_size,
                 "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 

@@ -13,7 +13,7 @@ Two augmentation families, chosen once per split by `choose_augmentation`:
   `train --scale / --ratio` change the two ranges, for every pipeline alike) plus a horizontal
   flip; evaluation resizes the shorter side to ``image_size / crop_ratio`` and takes
   the centre ``image_size`` square, i.e. a centred square box of side ``crop_ratio * min(h, w)``.
-* small images (largest side <= format.SMALL_IMAGE_MAX_SIDE, CIFAR-style): the image is first
+* small images (largest side <= layout.SMALL_IMAGE_MAX_SIDE, CIFAR-style): the image is first
   resized to ``image_size`` if it is not already that size; training then pads by
   SMALL_IMAGE_PADDING (reflect) and takes a random ``image_size`` crop plus a flip; evaluation
   is the identity.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
+from turbotrain.datasets.beton.layout import SMALL_IMAGE_MAX_SIDE
 
 RESIZED_CROP_SCALE = (0.08, 1.0)
 RESIZED_CROP_RATIO = (3 / 4, 4 / 3)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from turbotrain.datasets.format import MODE_RAW
+from turbotrain.datasets.beton.layout import MODE_RAW
 from turbotrain.held_setting import ONE_CV2_THREAD
 
 from . import kernel

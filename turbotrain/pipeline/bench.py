@@ -27,7 +27,7 @@ import numpy as np
 
 from turbotrain.arg_parser import CommandParser
 from turbotrain.datasets import DatasetError, open_dataset
-from turbotrain.datasets.format import MODE_JPEG
+from turbotrain.datasets.beton.layout import MODE_JPEG
 
 from .base import PipelineError
 from .cpu_decode import DECODE_OPTIONS

@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from turbotrain.datasets.format import MODE_JPEG
+from turbotrain.datasets.beton.layout import MODE_JPEG
 from turbotrain.held_setting import ONE_CV2_THREAD
 
 from . import augment, kernel

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from turbotrain.datasets import DatasetError
-from turbotrain.datasets.format import MODE_JPEG, MODE_RAW
+from turbotrain.datasets.beton.layout import MODE_JPEG, MODE_RAW
 
 from . import augment, kernel
 from .base import PipelineError, PipelineOptions, PipelineUnavailable
@@ -186,7 +186,7 @@ class DaliPipeline(OrderedPipeline):
                 self._refuse(int(indices[bad[0]]), (bad[1], bad[2]))
             return
         # lazy: cv2 and PIL (~0.2 s) load for a JPEG dataset only
-        from turbotrain.datasets.images import ImageError, stored_jpeg_size
+        from turbotrain.datasets.beton.sample_codec import ImageError, stored_jpeg_size
         for i, j, view in zip(indices.tolist(), is_jpeg.tolist(), views):
             if not j:
                 continue

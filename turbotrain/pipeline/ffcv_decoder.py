@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from turbotrain.datasets.format import MODE_JPEG
+from turbotrain.datasets.beton.layout import MODE_JPEG
 
 from . import augment
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from turbotrain.datasets.format import MODE_RAW
+from turbotrain.datasets.beton.layout import MODE_RAW
 
 from . import augment
 

@@ -25,8 +25,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from turbotrain.datasets import map_guard
-from turbotrain.datasets.shards import LocalShard
+from turbotrain.datasets.beton import map_guard
+from turbotrain.datasets.beton.shards import LocalShard
 
 from . import kernel, worker_death
 from .base import PipelineError, PipelineOptions

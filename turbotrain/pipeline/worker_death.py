@@ -16,7 +16,7 @@ import time
 import weakref
 from typing import Callable, Iterable
 
-from turbotrain.datasets import map_guard
+from turbotrain.datasets.beton import map_guard
 
 from .base import PipelineError
 

@@ -24,7 +24,7 @@ import torch
 from PIL import Image
 
 from turbotrain.cli import main as turbotrain_main
-from turbotrain.datasets.array_sources import FASHION_MNIST_CLASSES
+from turbotrain.datasets.sources.arrays import FASHION_MNIST_CLASSES
 from turbotrain.train.records.report import read_metrics
 from turbotrain.train.weights.weights import BEST_NAME, ModelCard, load_classifier, save_weights
 

@@ -8,7 +8,7 @@
 #include "jpeg_region.h"
 #include "resample.h"
 
-#define TT_MODE_JPEG 0   /* datasets/format.py MODE_JPEG, MODE_RAW */
+#define TT_MODE_JPEG 0   /* datasets/beton/layout.py MODE_JPEG, MODE_RAW */
 #define TT_MODE_RAW 1
 
 /* Where a sample's bytes are and what to make of it (augment.CropBoxes' row). */

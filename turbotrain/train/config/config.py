@@ -61,7 +61,7 @@ class TrainConfig:
     order_window: int = _setting(4, "quasi-random order: shards (or blocks) whose samples are "
                                  "shuffled together; bounds the memory or cache the order "
                                  "needs", "data")
-    # -- a dataset in object storage (--data s3://...; datasets/remote.py, shard_cache.py)
+    # -- a dataset in object storage (--data s3://...; datasets/remote/split.py, shard_cache.py)
     cache_dir: str | None = _setting(None, "folder of downloaded shards of a --data URL, "
                                      "shared by ranks and runs", "data",
                                      shown="$TURBOTRAIN_CACHE or ~/.cache/turbotrain/shards")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from turbotrain.datasets.safe_create import write_file
-from turbotrain.datasets.untrusted import UnsafeInput, read_regular
+from turbotrain.files.safe_create import write_file
+from turbotrain.files.untrusted import UnsafeInput, read_regular
 
 from ..errors import TrainError
 from .config import AUTO, FIELDS, PAIRS, TrainConfig

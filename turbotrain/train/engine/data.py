@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from turbotrain.datasets import open_dataset
-from turbotrain.datasets.dataset import read_dataset_json
-from turbotrain.datasets.remote import is_url, read_remote_dataset_json
+from turbotrain.datasets.beton.dataset_json import read_dataset_json
+from turbotrain.datasets.remote.split import read_remote_dataset_json
+from turbotrain.datasets.remote.urls import is_url
 from turbotrain.pipeline import Pipeline, build_auto, build_pipeline
 
 from ..plan import rules
@@ -15,7 +16,7 @@ from ..plan.facts import largest_side
 
 def open_split(path: str, split: str, **cache):
     """The reader's `open_dataset`; DatasetError propagates (its message is one line).
-    `cache`: cache_dir and cache_limit, for a URL (datasets/remote.py)."""
+    `cache`: cache_dir and cache_limit, for a URL (datasets/remote/split.py)."""
     return open_dataset(path, split=split, **cache)
 
 

@@ -1,6 +1,6 @@
 """The run folder: chosen and locked by rank 0 before anything is written in it.
 
-One train at a time writes a run folder: rank 0 holds `RUN/.lock` (datasets/folder_lock.py) from
+One train at a time writes a run folder: rank 0 holds `RUN/.lock` (files/folder_lock.py) from
 before config.yaml until the run ends, and a second train there is refused in one line naming
 the holder. Whether the folder is new, empty or a run to continue is decided after taking the
 lock, so two runs started at once cannot both pass. Under the lock, the temporaries of a
@@ -18,8 +18,8 @@ import stat
 from pathlib import Path
 
 from turbotrain import os_failure
-from turbotrain.datasets import folder_lock
-from turbotrain.datasets.untrusted import is_inside
+from turbotrain.files import folder_lock
+from turbotrain.files.untrusted import is_inside
 from turbotrain.printable import printable
 
 from ..config.config import TrainConfig

@@ -8,7 +8,7 @@ import numpy as np
 
 import torch
 
-from turbotrain.datasets.format import MODE_JPEG, SMALL_IMAGE_MAX_SIDE
+from turbotrain.datasets.beton.layout import MODE_JPEG, SMALL_IMAGE_MAX_SIDE
 from turbotrain.pipeline.base import PipelineOptions
 from turbotrain.pipeline.order import stored_bytes
 from turbotrain.pipeline.resident import resident_bytes

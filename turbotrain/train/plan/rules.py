@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
+from turbotrain.datasets.beton.layout import SMALL_IMAGE_MAX_SIDE
 from turbotrain.printable import printable
 
 from ..errors import TrainError
@@ -367,7 +367,7 @@ def order(requested: str, *, pipeline: str, reads_during_epoch: bool, stored_byt
 # The checkpoint's file name in a run folder: what --resume auto looks for (records/checkpoint.py
 # writes it under this name).
 CHECKPOINT_NAME = "checkpoint.pt"
-# The lock file of the train writing a run folder (datasets/folder_lock.py; engine/run_folder.py).
+# The lock file of the train writing a run folder (files/folder_lock.py; engine/run_folder.py).
 RUN_LOCK_NAME = ".lock"
 # What train writes into a new run folder before its first checkpoint: a run killed then (the
 # queue's time limit, a preemption) leaves only these, and --resume auto starts it again.

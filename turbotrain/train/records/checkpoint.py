@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from turbotrain.datasets.safe_create import replacing
-from turbotrain.datasets.untrusted import UnsafeInput, open_regular
+from turbotrain.files.safe_create import replacing
+from turbotrain.files.untrusted import UnsafeInput, open_regular
 
 from ..errors import TrainError
 # The name --resume auto looks for, and the temporary names a checkpoint is written under.

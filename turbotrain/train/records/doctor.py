@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
+from turbotrain.datasets.beton.layout import SMALL_IMAGE_MAX_SIDE
 from turbotrain.pipeline import PipelineOptions
 from turbotrain.pipeline.auto import unavailable_reason
 from turbotrain.pipeline.registry import capabilities, first_pipeline

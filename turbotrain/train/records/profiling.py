@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from turbotrain.datasets.safe_create import replacing_path, write_file
+from turbotrain.files.safe_create import replacing_path, write_file
 
 DATA_RANGE = "data_loading"  # the profiler label of `next(iterator)`
 TRACE_NAME = "trace.json"

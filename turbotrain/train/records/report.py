@@ -11,7 +11,7 @@ import math
 import os
 from pathlib import Path
 
-from turbotrain.datasets.safe_create import open_append, replacing_path, write_file
+from turbotrain.files.safe_create import open_append, replacing_path, write_file
 from turbotrain.os_failure import writing
 from turbotrain.printable import printable
 

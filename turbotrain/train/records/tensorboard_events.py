@@ -18,7 +18,7 @@ import socket
 import time
 from pathlib import Path
 
-from turbotrain.datasets.safe_create import new_unique_file, real_folder
+from turbotrain.files.safe_create import new_unique_file, real_folder
 
 FOLDER = "tensorboard"
 

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from turbotrain.datasets.object_store import is_url, shown_url
-from turbotrain.datasets.safe_create import existing_refusal, write_file
+from turbotrain.datasets.remote.urls import is_url, shown_url
+from turbotrain.files.safe_create import existing_refusal, write_file
 from turbotrain.pipeline import pipeline_names
 from turbotrain.printable import printable
 

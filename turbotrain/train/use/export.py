@@ -47,9 +47,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from turbotrain.datasets.object_store import is_url
-from turbotrain.datasets.safe_create import existing_refusal, replacing_path
-from turbotrain.datasets.sources import list_images
+from turbotrain.datasets.remote.urls import is_url
+from turbotrain.datasets.sources.image_files import list_images
+from turbotrain.files.safe_create import existing_refusal, replacing_path
 from turbotrain.pipeline import build_pipeline
 from turbotrain.pipeline.registry import first_pipeline
 from turbotrain.printable import printable

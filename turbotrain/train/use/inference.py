@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from turbotrain.datasets import DatasetError
-from turbotrain.datasets.source_types import SourceError
+from turbotrain.datasets.sources.source import SourceError
 from turbotrain.pipeline import PipelineError
 from turbotrain.printable import printable
 from turbotrain.process_end import stdout_reader_gone

@@ -6,7 +6,7 @@
                                                             # may be there; it is not used)
 
 Each image gets what `eval` gives the same image in a prepared split, through the same code:
-`images.encode_sample` with prepare-dataset's defaults turns the file into what a .beton would
+`sample_codec.encode_sample` with prepare-dataset's defaults turns the file into what a .beton would
 store (a JPEG that needs no change passes through byte for byte; other formats go through PIL,
 EXIF-rotated; over 512 px it is downsized and re-encoded; <= 64 px it is stored raw), then the
 `pytorch` pipeline's own `cpu_decode.BatchDecoder` (train=False) crops and resizes it: the
@@ -24,7 +24,7 @@ eval pipeline on the same files (goal: >= 0.9x).
 
 Files are untrusted input: each is read through `untrusted` (regular files only, at most 1 GiB;
 a symlink out of a folder given is refused), and its size is checked from its header before
-anything is decoded (format.MAX_PIXELS). An unreadable file stops the command at the first one
+anything is decoded (layout.MAX_PIXELS). An unreadable file stops the command at the first one
 with one line and exit code 2 (`--on-error fail`, the default, as prepare-dataset), or with
 `--on-error skip` is named on stderr (`turbotrain predict: skipped PATH: reason`) and the rest
 predicted (exit code 0; 2 when not one file could be read).
@@ -49,10 +49,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from turbotrain.datasets.format import SMALL_IMAGE_MAX_SIDE
-from turbotrain.datasets.safe_create import existing_refusal, replacing
-from turbotrain.datasets.sources import list_images
-from turbotrain.datasets.untrusted import UnsafeInput
+from turbotrain.datasets.beton.layout import SMALL_IMAGE_MAX_SIDE
+from turbotrain.datasets.sources.image_files import list_images
+from turbotrain.files.safe_create import existing_refusal, replacing
+from turbotrain.files.untrusted import UnsafeInput
 from turbotrain.pipeline.base import PipelineOptions
 from turbotrain.pipeline.cpu_decode import ONE_CV2_THREAD, BatchDecoder
 from turbotrain.pipeline.pytorch import PREFETCH_PER_WORKER
@@ -66,7 +66,7 @@ from .inference import (LoadedModel, add_model_arguments, apply_thread_plan, at_
 PROG = "turbotrain predict"
 DEFAULT_TOP_K = 5
 DEFAULT_BATCH = 64  # without a run; with one, the run's batch size (eval's too)
-# What prepare-dataset stores by default (datasets/prepare.py PrepareOptions): predict stores
+# What prepare-dataset stores by default (datasets/prepare/convert.py PrepareOptions): predict stores
 # each file the same way, so it sees the pixels a prepared split would hold.
 ENCODING, MAX_SIDE, QUALITY = "auto", 512, 90
 
@@ -148,7 +148,7 @@ class Inputs:
 
 
 class StoredImages:
-    """Encoded samples (images.EncodedSample) in the shape `BatchDecoder` reads a split in:
+    """Encoded samples (sample_codec.EncodedSample) in the shape `BatchDecoder` reads a split in:
     modes/heights/widths, and `beton.payload(i)` / `beton.raw_image(i)`."""
 
     path = "predict"
@@ -189,7 +189,7 @@ def load_batch(inputs: Inputs, numbers: range, image_size: int) -> Batch:
     """Reads, stores (as prepare-dataset would) and decodes (as the eval pipeline does) the
     inputs `numbers`; runs in a decode thread."""
     # lazy: cv2 and PIL (+80 ms) load when images are read, not for `--help`
-    from turbotrain.datasets.images import ImageError, encode_sample
+    from turbotrain.datasets.beton.sample_codec import ImageError, encode_sample
     samples, where, errors = [], [], []
     for i in numbers:
         try:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from turbotrain.datasets.format import MAX_CLASSES
-from turbotrain.datasets.safe_create import replacing_path
-from turbotrain.datasets.schema import MAX_CLASS_NAME_CHARS
-from turbotrain.datasets.untrusted import UnsafeInput, open_regular
+from turbotrain.datasets.beton.dataset_json import MAX_CLASS_NAME_CHARS
+from turbotrain.datasets.beton.layout import MAX_CLASSES
+from turbotrain.files.safe_create import replacing_path
+from turbotrain.files.untrusted import UnsafeInput, open_regular
 from turbotrain.printable import printable
 
 from ..config.model_args import check_model_kwargs

@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from turbotrain.datasets.untrusted import UnsafeInput, open_regular
+from turbotrain.files.untrusted import UnsafeInput, open_regular
 from turbotrain.printable import printable
 
 from ..errors import TrainError

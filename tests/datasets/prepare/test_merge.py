@@ -1,0 +1,208 @@
+"""`prepare-dataset --part i/N` on many machines, then `turbotrain merge OUT`: the merged folder
+equals a one-machine run byte for byte, and every way the parts can disagree is one line."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from turbotrain.datasets import open_dataset
+from turbotrain.datasets.prepare.convert import PrepareError, PrepareOptions, prepare_dataset
+from turbotrain.datasets.prepare.merge import MergeError, merge
+from turbotrain.datasets.synthetic import write_shapes_imagefolder
+
+from ..cli_run import cli, one_line_error
+
+SMALL_SHARDS = 30_000  # ~4 photos of 160x120 per shard: 11 train + 6 val shards
+
+
+def options(**kw) -> PrepareOptions:
+    return PrepareOptions(**{"workers": 1, "progress": False, "shard_size": SMALL_SHARDS, **kw})
+
+
+def run_parts(source, out, parts: int, **kw) -> None:
+    for i in range(parts):
+        prepare_dataset(source, out, options(part=(i, parts), **kw))
+
+
+def same_folders(a: Path, b: Path) -> None:
+    names = sorted(os.listdir(a))
+    assert names == sorted(os.listdir(b))
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("photos")
+    source = write_shapes_imagefolder(root, train_per_class=4, val_per_class=2, size=(160, 120))
+    # One unreadable file, so skipped.txt and the skipped counts go through the parts too.
+    (source / "train" / "circle" / "zz-broken.jpg").write_bytes(b"not a jpeg")
+    return source
+
+
+@pytest.fixture(scope="module")
+def whole(photos, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole") / "ds"
+    prepare_dataset(photos, out, options(on_error="skip"))
+    return out
+
+
+def test_parts_in_one_folder_merge_to_the_one_machine_bytes(photos, whole, tmp_path):
+    out = tmp_path / "shared"
+    run_parts(photos, out, 3, on_error="skip", workers=2)
+    assert not (out / "dataset.json").exists()
+    assert sorted(os.listdir(out / "parts")) == [f"part-0000{i}-of-00003.json" for i in range(3)]
+    result = cli("merge", out)
+    assert result.returncode == 0, result.stderr
+    assert "merged" in result.stdout and "17 shards" in result.stdout
+    same_folders(out, whole)  # dataset.json, skipped.txt and every shard; no parts/ left
+    assert (out / "skipped.txt").read_text().count("\n") == 1
+    assert len(open_dataset(out)) == 40
+
+
+def test_parts_in_separate_folders_copied_together(photos, whole, tmp_path):
+    for i in range(3):
+        prepare_dataset(photos, tmp_path / f"machine{i}", options(part=(i, 3), on_error="skip"))
+    together = tmp_path / "together"
+    for i in range(3):  # as `cp -r machine*/. together/` would
+        shutil.copytree(tmp_path / f"machine{i}", together, dirs_exist_ok=True)
+    merge(together)
+    same_folders(together, whole)
+
+
+def test_more_parts_than_shards_and_one_part(photos, whole, tmp_path):
+    run_parts(photos, tmp_path / "many", 20, on_error="skip")  # some parts get no shard
+    merge(tmp_path / "many")
+    same_folders(tmp_path / "many", whole)
+    run_parts(photos, tmp_path / "one", 1, on_error="skip")
+    merge(tmp_path / "one")
+    same_folders(tmp_path / "one", whole)
+
+
+def test_missing_part_is_one_line(photos, tmp_path):
+    out = tmp_path / "ds"
+    for i in (0, 2):
+        prepare_dataset(photos, out, options(part=(i, 3), on_error="skip"))
+    line = one_line_error(cli("merge", out))
+    assert "part(s) 1 of 3 missing" in line and "--part 1/3" in line
+    assert not (out / "dataset.json").exists()
+
+
+def test_interrupted_part_leaves_nothing_that_looks_finished(photos, tmp_path):
+    """A part killed mid-way leaves at most its hidden folder and no manifest; its re-run
+    replaces them without --overwrite, and merge then succeeds."""
+    out = tmp_path / "ds"
+    run_parts(photos, out, 3, on_error="skip")
+    manifest = out / "parts" / "part-00001-of-00003.json"
+    manifest.unlink()  # as if part 1 died before its manifest was written
+    (out / ".part-00001-of-00003.partial-otherhost-1").mkdir()  # and left its hidden folder
+    with pytest.raises(MergeError, match="part\\(s\\) 1 of 3 missing"):
+        merge(out)
+    prepare_dataset(photos, out, options(part=(1, 3), on_error="skip"))
+    assert not (out / ".part-00001-of-00003.partial-otherhost-1").exists()
+    merge(out)
+    assert len(open_dataset(out, "val")) == 20
+
+
+def test_part_refuses_to_redo_without_overwrite_and_never_a_merged_dataset(photos, tmp_path):
+    out = tmp_path / "ds"
+    prepare_dataset(photos, out, options(part=(0, 2), on_error="skip"))
+    with pytest.raises(PrepareError, match="part 0/2 is already done"):
+        prepare_dataset(photos, out, options(part=(0, 2), on_error="skip"))
+    prepare_dataset(photos, out, options(part=(0, 2), on_error="skip", overwrite=True))
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(PrepareError, match="did not write \\(notes.txt\\)"):
+        prepare_dataset(photos, out, options(part=(1, 2), on_error="skip"))
+    (out / "notes.txt").unlink()
+    prepare_dataset(photos, out, options(part=(1, 2), on_error="skip"))
+    merge(out)
+    with pytest.raises(PrepareError, match="holds a merged dataset"):
+        prepare_dataset(photos, out, options(part=(1, 2), on_error="skip", overwrite=True))
+    line = one_line_error(cli("merge", out))
+    assert "already merged" in line
+
+
+def test_part_with_other_options_is_one_line(photos, tmp_path):
+    out = tmp_path / "ds"
+    prepare_dataset(photos, out, options(part=(0, 2), on_error="skip"))
+    prepare_dataset(photos, out, options(part=(1, 2), on_error="skip", quality=80))
+    line = one_line_error(cli("merge", out))
+    assert "part-00001-of-00002.json: made with different encoding.quality" in line
+
+
+def test_part_with_another_shard_size_is_one_line(photos, tmp_path):
+    out = tmp_path / "ds"
+    prepare_dataset(photos, out, options(part=(0, 2), on_error="skip"))
+    prepare_dataset(photos, out, options(part=(1, 2), on_error="skip",
+                                         shard_size=SMALL_SHARDS * 2))
+    line = one_line_error(cli("merge", out))
+    assert "made with different encoding.shard_size" in line
+
+
+def test_parts_of_different_counts_are_one_line(photos, tmp_path):
+    out = tmp_path / "ds"
+    prepare_dataset(photos, out, options(part=(0, 2), on_error="skip"))
+    prepare_dataset(photos, out, options(part=(1, 3), on_error="skip"))
+    line = one_line_error(cli("merge", out))
+    assert "manifests of 2 and 3 parts" in line
+
+
+def test_corrupted_or_missing_shard_is_one_line(photos, tmp_path):
+    out = tmp_path / "ds"
+    run_parts(photos, out, 3, on_error="skip")
+    victim = out / "train-00005-of-00011.beton"
+    data = bytearray(victim.read_bytes())
+    data[-30] ^= 0xFF  # same size: only the checksum can tell
+    victim.write_bytes(bytes(data))
+    line = one_line_error(cli("merge", out))
+    assert "train-00005-of-00011.beton: its checksum is not the one part 1/3 recorded" in line
+    victim.write_bytes(bytes(data[:-8]))
+    line = one_line_error(cli("merge", out))
+    assert "train-00005-of-00011.beton:" in line and "bytes, part 1/3's manifest says" in line
+    victim.unlink()
+    line = one_line_error(cli("merge", out))
+    assert "train-00005-of-00011.beton: missing (part 1/3 lists it)" in line
+    assert not (out / "dataset.json").exists()
+
+
+def test_stray_shard_and_bad_manifest_are_one_line(photos, tmp_path):
+    out = tmp_path / "ds"
+    run_parts(photos, out, 2, on_error="skip")
+    (out / "train-00000-of-00002.beton").write_bytes(b"old")
+    line = one_line_error(cli("merge", out))
+    assert "no part manifest lists (train-00000-of-00002.beton)" in line
+    (out / "train-00000-of-00002.beton").unlink()
+    manifest = out / "parts" / "part-00000-of-00002.json"
+    data = json.loads(manifest.read_text())
+    data["shards"][0]["file"] = "../../etc/passwd"
+    manifest.write_text(json.dumps(data))
+    line = one_line_error(cli("merge", out))
+    assert "part-00000-of-00002.json: has an invalid entry" in line
+    manifest.write_text("{not json")
+    line = one_line_error(cli("merge", out))
+    assert "part-00000-of-00002.json: not a readable part manifest" in line
+    line = one_line_error(cli("merge", tmp_path / "nothing"))
+    assert "no parts/ folder" in line
+
+
+def test_cli_parts_with_the_smallest_shard_size(tmp_path):
+    """The real flags end to end: 6,000 raw 32x32 images are ~17 MiB of pixels, 3 shards of
+    8 MiB, prepared as 2 parts and merged, equal to the one-machine run."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "src.npz", images=rng.integers(0, 255, (6000, 32, 32, 3), np.uint8),
+             labels=rng.integers(0, 10, 6000))
+    common = ["--shard-size", "8MiB", "--workers", "1"]
+    assert cli("prepare", tmp_path / "src.npz", tmp_path / "whole", *common).returncode == 0
+    for i in range(2):
+        result = cli("prepare", tmp_path / "src.npz", tmp_path / "parts", *common,
+                     "--part", f"{i}/2")
+        assert result.returncode == 0, result.stderr
+        assert f"prepared part {i}/2" in result.stdout and "turbotrain merge" in result.stdout
+    assert cli("merge", tmp_path / "parts").returncode == 0
+    same_folders(tmp_path / "parts", tmp_path / "whole")
+    assert open_dataset(tmp_path / "whole").num_shards == 3

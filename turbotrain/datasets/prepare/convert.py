@@ -1,0 +1,383 @@
+"""`prepare-dataset SOURCE OUT`: converts a raw image dataset into `OUT/{train,val}.beton` plus
+`OUT/dataset.json`; with `--shard-size`, each split into numbered shards (shard_plan.py); with
+`--part i/N`, only part i's shards plus a manifest for `turbotrain merge` (parts.py, merge.py).
+
+Encoding runs in a pool of worker processes (`--workers`, default all cores); the parent writes
+the samples in source order, so the output is byte-identical whatever the worker count. The
+whole dataset is built in a hidden sibling folder and renamed into place at the end: an
+interrupted run (Ctrl-C, kill -9) never leaves anything that looks like a finished dataset.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+
+from turbotrain.datasets.beton import layout
+from turbotrain.datasets.beton.dataset_json import DATASET_JSON
+from turbotrain.datasets.beton.sample_codec import ImageError, encode_sample
+from turbotrain.datasets.beton.split import file_sha256, split_filename
+from turbotrain.datasets.beton.writer import BetonWriter, SampleTooLarge
+from turbotrain.datasets.sources.detect import detect_source
+from turbotrain.datasets.sources.hf import Columns
+from turbotrain.datasets.sources.source import SourceError
+from turbotrain.files.safe_create import make_fresh_dir, write_file
+from turbotrain.files.untrusted import Limits, UnsafeInput
+from turbotrain.held_setting import ONE_CV2_THREAD
+from turbotrain.host import available_ram
+from turbotrain.os_failure import MEMORY_ADVICE, memory_line
+
+from .output_folder import (OutputFolderError, check_not_overlapping, check_output, install,
+                            lock_output, partial_dir, remove_stale_partials)
+from .parts import check_part_output, install_part, part_manifest, part_partial_dir, part_shard_ids
+from .shard_plan import ShardPlanError, SplitPlan, plan_split
+from .shard_results import ShardResult, dataset_info, encoding_facts, skipped_lines
+from .split_order import shuffled_train, with_val_split
+from .worker_memory import memory_bound_workers
+
+# Samples per task sent to a worker: large enough that the pipe costs nothing (~1 % at 16 x
+# 70 KB JPEGs), small enough to keep the progress bar live and memory bounded.
+CHUNK = 16
+# Tasks in flight per worker: bounds memory (workers * 4 * CHUNK encoded images) while the
+# parent writes.
+IN_FLIGHT_PER_WORKER = 4
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PROG = "prepare-dataset"
+
+
+class PrepareError(RuntimeError):
+    """A user-caused problem with a conversion; the message is one line naming the culprit."""
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    encoding: str = "auto"        # auto | jpeg | raw
+    max_side: int = 512           # 0: keep the source size
+    quality: int = 90
+    workers: int = 0              # 0: all cores
+    val_fraction: float = 0.0
+    on_error: str = "fail"        # fail | skip
+    overwrite: bool = False
+    seed: int = 0
+    progress: bool = True
+    limits: Limits = Limits()
+    allow_outside_root: bool = False  # read CSV rows / symlinks that lead outside SOURCE
+    shard_size: int | None = None     # bytes of source per shard (shard_plan.py); None: one file
+    part: tuple[int, int] | None = None  # (i, N): only part i's shards, plus its manifest
+    image_column: str | None = None   # a Hugging Face source's columns (sources/hf.py);
+    label_column: str | None = None   # None: image/img, label/labels
+
+
+# -- worker side -------------------------------------------------------------------------------
+_WORKER_SPLIT = None
+_WORKER_OPTIONS: PrepareOptions | None = None
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the parent dies (even by SIGKILL), so a killed
+    conversion leaves no orphan workers behind holding the terminal's pipes open."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: a SIGKILLed parent may leave idle workers behind
+
+
+def _init_worker(split_source, options: PrepareOptions, in_pool: bool = False) -> None:
+    global _WORKER_SPLIT, _WORKER_OPTIONS
+    if in_pool:
+        # Ctrl-C reaches the whole process group: only the parent handles it (cleanly), and
+        # the parent's SIGTERM handler must not turn the pool's own shutdown into tracebacks.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _die_with_parent()
+        # One OpenCV thread per worker: the pool already uses every core.
+        import cv2
+        cv2.setNumThreads(1)
+    _WORKER_SPLIT, _WORKER_OPTIONS = split_source, options
+
+
+def _encode_range(task: tuple[tuple[int, int], list | None]) -> list:
+    """Encodes samples [start, stop) of the worker's split: per sample either
+    ("ok", EncodedSample) or ("error", name, reason). The task carries the samples' bytes
+    when the split is read in order by the parent (SplitSource.in_order_only), else None."""
+    (start, stop), payloads = task
+    out = []
+    for i in range(start, stop):
+        name = _WORKER_SPLIT.name(i)
+        try:
+            source = _WORKER_SPLIT.load(i) if payloads is None else payloads[i - start]
+            if isinstance(source, UnsafeInput):
+                raise source
+            sample = encode_sample(source, encoding=_WORKER_OPTIONS.encoding,
+                                   max_side=_WORKER_OPTIONS.max_side,
+                                   quality=_WORKER_OPTIONS.quality)
+            out.append(("ok", sample))
+        except (ImageError, UnsafeInput) as e:
+            out.append(("error", name, str(e)))
+        except OSError as e:
+            out.append(("error", name, f"cannot read ({e.strerror or e})"))
+        except MemoryError:
+            # This image's decoded pixels did not fit: say which one, and under what limit
+            # (--on-error skip then skips it, as an image we cannot read here).
+            out.append(("error", name, memory_line("decoding it", MEMORY_ADVICE[PROG])))
+    return out
+
+
+# -- parent side -------------------------------------------------------------------------------
+def _chunks(ranges: list[tuple[int, int]]):
+    """CHUNK-sample tasks covering each [start, stop) range; none crosses a shard boundary."""
+    return [(s, min(s + CHUNK, stop)) for start, stop in ranges for s in range(start, stop, CHUNK)]
+
+
+def _tasks(split_source, chunks: list[tuple[int, int]]):
+    """(bounds, payloads) per chunk: payloads None (the worker loads them), or, for a split
+    read in order, the bytes the parent read. A source that fails mid-stream is a
+    PrepareError."""
+    if not split_source.in_order_only:
+        yield from ((bounds, None) for bounds in chunks)
+        return
+    feed = split_source.read_in_order(chunks)
+    for bounds in chunks:
+        try:
+            payloads = next(feed)
+        except SourceError as e:
+            raise PrepareError(str(e)) from e
+        yield bounds, payloads
+
+
+def _encoded_chunks(split_source, options: PrepareOptions, workers: int,
+                    ranges: list[tuple[int, int]]):
+    """Yields each chunk's results in source order, encoded by `workers` processes."""
+    chunks = _chunks(ranges)
+    tasks = _tasks(split_source, chunks)
+    if workers <= 1:
+        _init_worker(split_source, options)
+        for task in tasks:
+            yield _encode_range(task)
+        return
+    # fork: workers inherit the (possibly large, array-backed) source without pickling it.
+    # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (OOM killer, a crash in
+    # a codec) raises BrokenProcessPool here instead of hanging the conversion forever.
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    # One cv2 thread here before forking: a worker's own cv2.setNumThreads(1) hangs when it
+    # inherits a live cv2 pool (held_setting.py), as after drawing images with cv2 beforehand.
+    release_cv2 = ONE_CV2_THREAD.hold()
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+                               initializer=_init_worker, initargs=(split_source, options, True))
+    try:
+        pending = deque()
+        next_chunk = 0
+        while next_chunk < len(chunks) or pending:
+            while next_chunk < len(chunks) and len(pending) < workers * IN_FLIGHT_PER_WORKER:
+                pending.append(pool.submit(_encode_range, next(tasks)))
+                next_chunk += 1
+            try:
+                yield pending.popleft().result()
+            except BrokenProcessPool as e:
+                raise PrepareError("an encoding worker died (out of memory?); retry with "
+                                   "fewer --workers or a smaller --max-side") from e
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        release_cv2()
+
+
+def _write_shards(split: str, split_source, plan: SplitPlan, shard_ids: list[int],
+                  folder: Path, options: PrepareOptions, workers: int,
+                  progress) -> list[ShardResult]:
+    """Writes shards `shard_ids` of one split into folder (one encoding pool for all of them)."""
+    ranges = [(int(plan.bounds[k]), int(plan.bounds[k + 1])) for k in shard_ids]
+    chunks = _encoded_chunks(split_source, options, workers, ranges)
+    results = []
+    try:
+        for k, (start, stop) in zip(shard_ids, ranges):
+            name = plan.file(k) if options.shard_size else split_filename(split)
+            result = ShardResult(split, k, name)
+            with BetonWriter(folder / name, capacity=stop - start) as writer:
+                index = start
+                while index < stop:  # chunks never cross a shard's end (_chunks)
+                    for item in next(chunks):
+                        _write_one(item, index, split_source, writer, result, options)
+                        index += 1
+                        progress.update(1)
+            path = folder / name
+            result.bytes, result.sha256 = path.stat().st_size, file_sha256(path)
+            results.append(result)
+    finally:
+        chunks.close()  # shuts the encoding pool down now, not when the generator is collected
+    return results
+
+
+def _write_one(item, index: int, split_source, writer: BetonWriter, result: ShardResult,
+               options: PrepareOptions) -> None:
+    if item[0] == "error":
+        _, name, reason = item
+        if options.on_error == "fail":
+            raise PrepareError(f"{name}: {reason} (use --on-error skip to skip unreadable "
+                               f"images)")
+        result.skipped.append((name, reason))
+        return
+    sample = item[1]
+    try:
+        writer.append(sample.mode, sample.height, sample.width, sample.payload,
+                      int(split_source.labels[index]))
+    except SampleTooLarge as e:
+        raise PrepareError(f"{split_source.name(index)}: {e}") from e
+    result.written += 1
+    result.mode_counts[layout.MODE_NAMES[sample.mode]] += 1
+    result.pixels.add_sample(sample.pixel_sum, sample.pixel_sq_sum, sample.pixel_count)
+
+
+def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
+                    options: PrepareOptions = PrepareOptions()) -> dict:
+    """Converts SOURCE into a prepared dataset at OUT; returns the dataset.json content (with
+    --part: the part manifest's content, and OUT gets no dataset.json until `merge`)."""
+
+    out = Path(out).absolute()
+    _check_options(options)
+    try:  # OUT's checks below hold until the end: no other prepare-dataset writes it meanwhile
+        # (not even the lock file goes into a SOURCE that holds OUT)
+        check_not_overlapping(out, Path(source_path).expanduser().absolute())
+        lock = lock_output(out, options.part)
+    except OutputFolderError as e:
+        raise PrepareError(str(e)) from e
+    with lock:
+        return _prepare_locked(source_path, out, options)
+
+
+def _prepare_locked(source_path, out: Path, options: PrepareOptions) -> dict:
+    try:
+        if options.part is None:
+            check_output(out, Path(source_path).expanduser().absolute(), options.overwrite)
+        else:
+            check_part_output(out, Path(source_path).expanduser().absolute(), options.part,
+                              options.overwrite)
+        source = detect_source(source_path, options.limits,
+                               allow_outside_root=options.allow_outside_root,
+                               columns=Columns(options.image_column, options.label_column))
+        if options.val_fraction:
+            source = with_val_split(source, options.val_fraction, seed=options.seed)
+        if options.shard_size is not None:  # shards of mixed classes (shuffled_train)
+            source = shuffled_train(source, seed=options.seed)
+        plans = {split: plan_split(split, s, options.shard_size)
+                 for split, s in source.splits.items()}
+    except (SourceError, OutputFolderError, ShardPlanError) as e:
+        raise PrepareError(str(e)) from e
+    workers, workers_note = memory_bound_workers(
+        options.workers or len(os.sched_getaffinity(0)), source, available_ram())
+    started = time.perf_counter()
+    if options.part is None:
+        info = _prepare_whole(source, out, plans, options, workers)
+    else:
+        info = _prepare_part(source, out, plans, options, workers)
+    info["seconds"] = time.perf_counter() - started
+    info["workers"] = {"count": workers, "note": workers_note}  # for the CLI; not in dataset.json
+    return info
+
+
+def _prepare_whole(source, out: Path, plans: dict, options: PrepareOptions,
+                   workers: int) -> dict:
+    """Every shard, built in a hidden sibling folder and renamed into place at the end."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(out)
+    partial = make_fresh_dir(partial_dir(out))
+    with _removed_on_failure(partial):
+        ids = {split: list(range(plan.num_shards)) for split, plan in plans.items()}
+        results = _write_all(source, plans, ids, partial, options, workers)
+        info = dataset_info(source_facts(source, options), encoding_facts(options,
+                            options.shard_size), results, sharded=options.shard_size is not None)
+        if info is None:
+            raise PrepareError(f"{source.path}: no image could be read (all were skipped)")
+        if any(r.skipped for r in results):
+            write_file(partial / "skipped.txt", skipped_lines(results))
+        write_file(partial / DATASET_JSON, json.dumps(info, indent=2) + "\n")
+        install(partial, out, options.overwrite)
+    return info
+
+
+def _prepare_part(source, out: Path, plans: dict, options: PrepareOptions,
+                  workers: int) -> dict:
+    """Part i's shards, written in a hidden folder inside OUT, then moved in beside the other
+    parts' shards; the part manifest, written last, is what says the part is finished."""
+    part, parts = options.part
+    ids = part_shard_ids(plans, part, parts)
+    partial = part_partial_dir(out, part, parts)
+    with _removed_on_failure(partial):
+        results = _write_all(source, plans, ids, partial, options, workers)
+        manifest = part_manifest(source_facts(source, options),
+                                 encoding_facts(options, options.shard_size), options, plans,
+                                 results)
+        install_part(partial, out, results, manifest, options.part)
+    return manifest
+
+
+@contextlib.contextmanager
+def _removed_on_failure(partial: Path):
+    """A conversion that fails (or is interrupted) leaves no hidden folder behind; a refusal
+    about the output folder becomes a PrepareError."""
+    try:
+        yield
+    except OutputFolderError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise PrepareError(str(e)) from e
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def _write_all(source, plans: dict, ids: dict[str, list[int]], folder: Path,
+               options: PrepareOptions, workers: int) -> list[ShardResult]:
+    from tqdm import tqdm
+    total = sum(int(plans[split].bounds[k + 1] - plans[split].bounds[k])
+                for split, shard_ids in ids.items() for k in shard_ids)
+    results = []
+    with tqdm(total=total, unit="img", desc="prepare", disable=not options.progress,
+              file=sys.stderr, dynamic_ncols=True) as progress:
+        for split, split_source in source.splits.items():
+            if ids.get(split):
+                progress.set_description(f"prepare {split}")
+                results += _write_shards(split, split_source, plans[split], ids[split], folder,
+                                         options, workers, progress)
+    return results
+
+
+def source_facts(source, options: PrepareOptions) -> dict:
+    """What dataset.json says of the source (a part manifest carries it to `merge`)."""
+    return {"classes": list(source.classes), "path": str(Path(source.path).absolute()),
+            "kind": source.kind, "fingerprint": source.fingerprint(),
+            "val_fraction": options.val_fraction}
+
+
+def _check_options(options: PrepareOptions) -> None:
+    if options.on_error not in ("fail", "skip"):
+        raise PrepareError(f"--on-error must be fail or skip, not {options.on_error!r}")
+    if options.encoding not in ("auto", "jpeg", "raw"):
+        raise PrepareError(f"--encoding must be auto, jpeg or raw, not {options.encoding!r}")
+    if not 1 <= options.quality <= 100:
+        raise PrepareError(f"--quality must be in 1..100, not {options.quality}")
+    if not 0 <= options.max_side <= layout.MAX_IMAGE_SIDE:
+        raise PrepareError(f"--max-side must be in 0..{layout.MAX_IMAGE_SIDE} (0 keeps the size), "
+                           f"not {options.max_side}")
+    if options.shard_size is not None and options.shard_size < 1:
+        raise PrepareError(f"--shard-size must be a positive size, not {options.shard_size}")
+    if options.part is not None and not 0 <= options.part[0] < options.part[1]:
+        raise PrepareError(f"--part {options.part[0]}/{options.part[1]}: expected i/N with "
+                           f"0 <= i < N")
+    if options.part is not None and options.shard_size is None:
+        raise PrepareError("--part needs --shard-size: parts are made of whole shards "
+                           "(e.g. --shard-size 1GB --part 0/4)")
+    limits = options.limits
+    if limits.max_file_bytes <= 0 or limits.max_array_bytes <= 0 or limits.max_inflate_ratio < 1:
+        raise PrepareError("--max-file-mb and --max-array-mb must be positive and "
+                           "--max-inflate-ratio at least 1")
