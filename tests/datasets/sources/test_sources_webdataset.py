@@ -8,10 +8,12 @@ import tarfile
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from turbotrain.datasets.prepare.convert import PrepareError, PrepareOptions, prepare_dataset
 from turbotrain.datasets.sources.detect import detect_source
-from turbotrain.datasets.sources.source import SourceError
+from turbotrain.datasets.sources.source import (IMAGE_EXTENSIONS, WEBDATASET_IMAGE_EXTENSIONS,
+                                                SourceError)
 from turbotrain.datasets.sources.source_files import expand_braces
 from turbotrain.datasets.sources.webdataset import TarSplit, TarStreamSplit
 
@@ -75,16 +77,21 @@ def test_a_shard_name_outside_the_rule_is_refused(tmp_path):
         detect_source(tmp_path)
 
 
+def tar_of(path, members):
+    """A plain .tar at path holding (name, bytes) members, in order."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(out.getvalue())
+    return path
+
+
 def test_sample_without_label_and_two_images(tmp_path):
     def shard(members):
-        out = io.BytesIO()
-        with tarfile.open(fileobj=out, mode="w") as tar:
-            for name, data in members:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        (tmp_path / "x.tar").write_bytes(out.getvalue())
-        return tmp_path / "x.tar"
+        return tar_of(tmp_path / "x.tar", members)
     jpg = samples()[0][2]
     with pytest.raises(SourceError, match="sample 'a' has no label"):
         detect_source(shard([("a.jpg", jpg), ("b.jpg", jpg), ("b.cls", b"1")]))
@@ -94,6 +101,26 @@ def test_sample_without_label_and_two_images(tmp_path):
     source = detect_source(shard([("../../up/a.jpg", jpg), ("../../up/a.seg.cls", b"0"),
                                   ("../../up/a.cls", b"2")]))
     assert source.splits["train"].labels.tolist() == [2] and source.classes == ["0", "1", "2"]
+
+
+def test_what_is_an_image_has_one_home(tmp_path):
+    """Issue 33: sources/source.py says what is an image, once. An ImageFolder reads every
+    IMAGE_EXTENSIONS file (.tif, .bmp and .gif too); a WebDataset sample's image is its member
+    with one of WEBDATASET_IMAGE_EXTENSIONS, four of those: a .tif beside a sample's .jpg (a
+    mask) is not a second image, and a sample whose only picture is a .tif has none."""
+    assert {f".{ext}" for ext in WEBDATASET_IMAGE_EXTENSIONS} < IMAGE_EXTENSIONS
+    tif = io.BytesIO()
+    Image.new("RGB", (8, 6), (10, 20, 30)).save(tif, "TIFF")
+    (tmp_path / "folder" / "a").mkdir(parents=True)
+    (tmp_path / "folder" / "a" / "x.tif").write_bytes(tif.getvalue())
+    assert detect_source(tmp_path / "folder").splits["train"].relpaths == ["a/x.tif"]
+    jpg = samples()[0][2]
+    source = detect_source(tar_of(tmp_path / "a.tar", [("a.jpg", jpg), ("a.tif", tif.getvalue()),
+                                                       ("a.cls", b"1")]))
+    assert len(source.splits["train"]) == 1
+    assert source.splits["train"].name(0).endswith("a.tar:a.jpg")
+    with pytest.raises(SourceError, match=r"sample 'b' has no image \(\.jpg, \.jpeg, \.png, \.webp\)"):
+        detect_source(tar_of(tmp_path / "b.tar", [("b.tif", tif.getvalue()), ("b.cls", b"0")]))
 
 
 # -- prepare-dataset end to end --------------------------------------------------------------------

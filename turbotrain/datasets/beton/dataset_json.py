@@ -76,11 +76,12 @@ def parse_dataset_json(data: bytes, root, check_files: bool = True) -> dict:
     return info
 
 
-def _json_shown(root) -> str:
-    """OUT/dataset.json for a folder, URL/dataset.json for a store."""
-    if isinstance(root, str) and "://" in root:
-        return printable(f"{root.rstrip('/')}/{DATASET_JSON}")
-    return printable(Path(root) / DATASET_JSON)
+def _json_shown(root: Path | str) -> str:
+    """OUT/dataset.json for a folder (a Path: every local reader passes one), URL/dataset.json
+    for a store (the URL as remote/split.py shows it)."""
+    if isinstance(root, Path):
+        return printable(root / DATASET_JSON)
+    return printable(f"{root.rstrip('/')}/{DATASET_JSON}")
 
 
 def check_dataset_info(info: object, root: Path, check_files: bool = True) -> None:

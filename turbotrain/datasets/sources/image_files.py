@@ -24,11 +24,9 @@ from turbotrain.datasets.beton.layout import MAX_CLASSES
 from turbotrain.files.untrusted import Limits, UnsafeInput, outside_root_reason, read_regular
 
 from .class_labels import classes_and_labels
-from .source import FileSplit, Source, SourceError
+from .source import HELD_OUT_NAMES, IMAGE_EXTENSIONS, FileSplit, Source, SourceError
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 LIST_SUFFIXES = (".csv", ".tsv", ".txt")
-HELD_OUT_FOLDERS = ("val", "test")  # the first present becomes the "val" split
 
 # A CSV's first row is a header when it names a column like these (case-insensitive).
 PATH_COLUMNS = {"path", "file", "filename", "file_name", "filepath", "image", "image_path", "img"}
@@ -48,12 +46,12 @@ def read_image_folder(root: Path, limits: Limits, allow_outside_root: bool) -> S
     subfolders = _subfolders(root)
     # train/ holding folders means a split layout; a "train" folder of images is a class.
     if "train" in subfolders and _subfolders(root / "train"):
-        unexpected = sorted(subfolders - {"train", *HELD_OUT_FOLDERS})
+        unexpected = sorted(subfolders - {"train", *HELD_OUT_NAMES})
         if unexpected:
             raise SourceError(f"{root} has train/ with class folders but also "
                               f"{', '.join(unexpected)}/; expected only train/ and val/ (or test/)")
         split_folders = {"train": root / "train"}
-        held_out = next((name for name in HELD_OUT_FOLDERS if name in subfolders), None)
+        held_out = next((name for name in HELD_OUT_NAMES if name in subfolders), None)
         if held_out:
             split_folders["val"] = root / held_out
     else:
@@ -227,9 +225,11 @@ def list_images(path: str | os.PathLike, limits: Limits = Limits(), *,
                 allow_outside_root: bool = False) -> FileSplit:
     """The image files `path` names, in order, with the same rules as a SOURCE (labels are not
     needed and all 0): a folder gives every image under it, sorted, symlinked files resolved
-    inside it when read; a .csv/.tsv/.txt list gives its rows' paths (relative to the list's
-    folder, each checked to stay inside it; a label column may be there or not); any other file
-    is itself. SourceError (one line) when the path or the list cannot be read."""
+    inside it when read; a .csv/.tsv/.txt list gives its rows' paths (a relative one from the
+    list's folder, checked to stay inside it; an absolute one as it is written, as a file named
+    on the command line is: the list is the user's own, and `predict` only reads the images to
+    classify them; a label column may be there or not); any other file is itself. SourceError
+    (one line) when the path or the list cannot be read."""
     path = Path(path).expanduser()
     try:
         if path.is_dir():
@@ -246,7 +246,7 @@ def list_images(path: str | os.PathLike, limits: Limits = Limits(), *,
             for line, file, _ in _list_rows(path, limits, labelled=False):
                 if "\0" in file:
                     raise SourceError(f"{path}:{line}: the path holds a NUL byte")
-                outside = (None if allow_outside_root else
+                outside = (None if allow_outside_root or os.path.isabs(file) else
                            outside_root_reason(os.path.join(root, file), root))
                 if outside:
                     raise SourceError(f"{path}:{line}: {file} {outside}")

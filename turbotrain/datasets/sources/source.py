@@ -19,6 +19,16 @@ import numpy as np
 from turbotrain.files.untrusted import (Limits, UnsafeInput, open_regular, outside_root_reason,
                                         read_regular)
 
+# The names of a split held out from training, in the order looked for: a `val/` folder, else a
+# `test/` one (an ImageFolder's, a folder of WebDataset or Parquet files'), or files named
+# `val-*`, else `test-*`, become the "val" split.
+HELD_OUT_NAMES = ("val", "test")
+# File suffixes read as images: an ImageFolder's and a CSV list's files, predict's inputs.
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+# A WebDataset member with one of these extensions is its sample's image: four of the above, as
+# WebDataset writers name them. A sample's other members (a .tif mask, a .bmp) are not images
+# to it, so a sample with KEY.jpg and KEY.tif has one image, not two.
+WEBDATASET_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 # Bytes hashed at each end of a single-file source (an archive, an idx or npz file): enough to
 # see a different file, without reading 160 MB of CIFAR every time.
 FINGERPRINT_EDGE_BYTES = 1 << 20

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from turbotrain.files.untrusted import outside_root_reason
 
-from .source import SourceError
+from .source import HELD_OUT_NAMES, SourceError
 
 # Files one SOURCE may name (MAX_SHARDS of the output, beton/dataset_json.py): a pattern or
 # folder that lists more is refused before a file is opened.
@@ -31,7 +31,6 @@ _GROUP = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(\d{1,9})\.\.(\d{1,9})")
 _SPLIT_WORDS = {"train": "train", "val": "val", "valid": "val", "validation": "val",
                 "test": "test"}
-HELD_OUT = ("val", "test")  # the first present becomes the "val" split
 
 
 def is_pattern(path: str | os.PathLike) -> bool:
@@ -111,7 +110,7 @@ def folder_shards(folder: Path, suffixes: tuple[str, ...],
     if not train:
         return None
     splits = {"train": train}
-    for name in HELD_OUT:
+    for name in HELD_OUT_NAMES:
         if (folder / name).is_dir():
             held = _shards_in(folder / name, suffixes, folder, allow_outside_root)
             if not held:
@@ -157,7 +156,7 @@ def split_by_name(files: list[Path], where) -> dict[str, list[Path]]:
     if not splits["train"]:
         raise SourceError(f"{where}: no shard name starts with train; name the training "
                           f"shards train-*")
-    for held in HELD_OUT:
+    for held in HELD_OUT_NAMES:
         chosen = [path for path in files if words[path] == held]
         if chosen:
             splits["val"] = chosen

@@ -20,9 +20,8 @@ from typing import Callable, Iterator
 
 from turbotrain.files.untrusted import InflateBudget, Limits, UnsafeInput, open_regular
 
-from .source import SourceError
+from .source import WEBDATASET_IMAGE_EXTENSIONS, SourceError
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "json", "txt")  # the first a sample has is its label
 LABEL_FIELDS = ("label", "cls", "class")   # of a .json label
 # 1M members is ~330k samples of image + label + metadata: 3x ImageNet's largest public
@@ -105,7 +104,7 @@ def _samples(tar: tarfile.TarFile, path: Path, limits: Limits, budget: InflateBu
                 yield _found(path, key, image, labels, position)
                 position += 1
             key, image, labels = member_key, None, {}
-        if ext in IMAGE_EXTENSIONS:
+        if ext in WEBDATASET_IMAGE_EXTENSIONS:
             image = _take_image(tar, member, image, path, limits, wanted, position)
         elif ext in LABEL_EXTENSIONS:
             if member.size > MAX_LABEL_BYTES:
@@ -145,7 +144,7 @@ def _take_image(tar, member, image, path: Path, limits: Limits, wanted, position
 def _found(path: Path, key: str, image, labels: dict, position: int) -> Found:
     if image is None:
         raise SourceError(f"{path}: sample {key!r} has no image "
-                          f"(.{', .'.join(IMAGE_EXTENSIONS)}); every key needs one")
+                          f"(.{', .'.join(WEBDATASET_IMAGE_EXTENSIONS)}); every key needs one")
     ext = next((ext for ext in LABEL_EXTENSIONS if ext in labels), None)
     if ext is None:
         raise SourceError(f"{path}: sample {key!r} has no label (.cls, .json or .txt)")

@@ -29,8 +29,8 @@ import numpy as np
 from turbotrain.files.untrusted import Limits, UnsafeInput, read_range
 
 from .class_labels import classes_and_labels
-from .source import Source, SourceError, SplitSource
-from .tar_scan import IMAGE_EXTENSIONS, Found, is_compressed, scan_shard
+from .source import WEBDATASET_IMAGE_EXTENSIONS, Source, SourceError, SplitSource
+from .tar_scan import Found, is_compressed, scan_shard
 
 WEBDATASET_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # The largest images whose first bytes bound a worker's memory (prepare/worker_memory.py).
@@ -198,7 +198,7 @@ def _index_split(files: list[Path], limits: Limits) -> _Index:
             if found.data is not None:
                 _keep(index.heads, found, str(path))
         if not found_any:
-            raise SourceError(f"{path} holds no KEY.{'/'.join(IMAGE_EXTENSIONS)} members, so "
+            raise SourceError(f"{path} holds no KEY.{'/'.join(WEBDATASET_IMAGE_EXTENSIONS)} members, so "
                               f"it is neither a WebDataset shard nor a CIFAR archive; if it "
                               f"holds an image folder, extract it and pass the folder")
     return index
