@@ -23,14 +23,16 @@ __all__ = ["BetonFile", "DatasetError", "PreparedSplit", "open_dataset"]
 
 
 def open_dataset(path: str | os.PathLike, split: str = "train", *, cache_dir=None,
-                 cache_limit=None, verify: bool = False) -> PreparedSplit:
+                 cache_limit=None, verify: bool = False, info: dict | None = None
+                 ) -> PreparedSplit:
     """Opens split `split` of the prepared dataset at `path` (a folder), or a bare `.beton`,
     or a URL (s3://, gs://, az://, https://: remote/split.py, through a shard cache in
     cache_dir). `verify` (train's --verify-data): a local file whose SHA-256 is not the one
     dataset.json records is refused when opened (a URL's shards are checked by the cache as it
-    downloads; a bare .beton records none)."""
+    downloads; a bare .beton records none). `info`: the dataset's dataset.json as another of its
+    splits was opened with (that split's `.info`), so it is not read, or fetched, again."""
     if is_url(path):
         # lazy: URL support (the object store client, +50 ms) stays out of `--help`
         from turbotrain.datasets.remote.split import open_remote_dataset
-        return open_remote_dataset(path, split, cache_dir, cache_limit)
-    return open_local_dataset(path, split, verify=verify)
+        return open_remote_dataset(path, split, cache_dir, cache_limit, info=info)
+    return open_local_dataset(path, split, verify=verify, info=info)

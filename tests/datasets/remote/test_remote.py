@@ -71,6 +71,20 @@ def test_open_reads_metadata_by_ranges_only(s3_server, dataset, tmp_path):
     assert len(whole) == 1 and "train-00000-of-00004" in whole[0][1]
 
 
+def test_a_run_fetches_dataset_json_once(s3_server, dataset, tmp_path):
+    """Issue 33: a run opens the train split, asks whether there is a val split and opens it
+    (train/engine/data.py open_splits, what builder.py calls): dataset.json is fetched once,
+    where it was fetched three times."""
+    from turbotrain.train.engine.data import open_splits  # the trainer's (loads torch)
+    _, url = dataset
+    before = len(s3_server.requests)
+    train, val, missing = open_splits(url, cache_dir=tmp_path / "cache", cache_limit="1GB")
+    assert missing == "" and len(val) == len(open_dataset(dataset[0], "val"))
+    assert val.info is train.info
+    index = [r for r in s3_server.requests[before:] if r[1].split("?")[0].endswith("/dataset.json")]
+    assert sorted(r[0] for r in index) == ["GET", "HEAD"], index  # its size, then its bytes
+
+
 def test_cache_limit_respected_while_reading_everything(dataset, tmp_path):
     out, url = dataset
     shard_bytes = max(e["bytes"] for e in json.loads((out / "dataset.json").read_text())

@@ -336,15 +336,17 @@ def open_split(root: Path, info: dict, split: str, *, verify: bool = False) -> P
                          root=Path(root))
 
 
-def open_local_dataset(path: str | os.PathLike, split: str = "train", *,
-                       verify: bool = False) -> PreparedSplit:
+def open_local_dataset(path: str | os.PathLike, split: str = "train", *, verify: bool = False,
+                       info: dict | None = None) -> PreparedSplit:
     """Split `split` of the prepared dataset folder at `path`, or a bare `.beton`;
     `open_dataset` (the package's) for a path or a URL. `verify`: as open_split's (a bare
-    .beton records no checksum)."""
+    .beton records no checksum); `info`: the folder's checked dataset.json when the caller has
+    it already (else it is read)."""
     root = Path(path)
     if not root.exists():
         raise DatasetError(f"{printable(root)}: no such dataset; run "
                            f"`prepare-dataset SOURCE {printable(root)}` first")
     if not root.is_dir():  # BetonFile refuses anything but a regular file
         return PreparedSplit([LocalShard(root)], root.stem, None, root=root.parent)
-    return open_split(root, read_dataset_json(root), split, verify=verify)
+    return open_split(root, read_dataset_json(root) if info is None else info, split,
+                      verify=verify)

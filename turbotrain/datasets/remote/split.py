@@ -316,11 +316,14 @@ _INSTANCES: "weakref.WeakSet[RemoteShards]" = weakref.WeakSet()
 os.register_at_fork(after_in_child=lambda: [r._init_process_state() for r in list(_INSTANCES)])
 
 
-def open_remote_dataset(url: str, split: str = "train", cache_dir=None, cache_limit=None):
+def open_remote_dataset(url: str, split: str = "train", cache_dir=None, cache_limit=None, *,
+                        info: dict | None = None):
     """Split `split` of the prepared dataset at `url` (s3://, gs://, az://, https://), its
-    shards read through a ShardCache in cache_dir of at most cache_limit bytes."""
+    shards read through a ShardCache in cache_dir of at most cache_limit bytes. `info`: the
+    URL's checked dataset.json when the caller fetched it already (another split's `.info`)."""
     folder, limit = cache_settings(cache_dir, cache_limit)
-    info = read_remote_dataset_json(url)
+    if info is None:
+        info = read_remote_dataset_json(url)
     if split not in info["splits"]:
         raise DatasetError(f"{shown_url(url)}: has no {printable(repr(split))} split "
                            f"(it has: {', '.join(info['splits'])})")

@@ -33,7 +33,7 @@ from ..step.mixing import mixer_for
 from ..step.schedule import LRSchedule
 from ..weights.finetune import optimizer_groups, start_model, weights_facts
 from . import batch_finder
-from .data import open_split, open_val_split
+from .data import open_splits
 from .loader import Loader, open_planned, pipeline_options
 from .run_folder import prepare_run_dir
 
@@ -124,9 +124,8 @@ def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSt
         listing = _listing(config.out) if env.is_main else None
         observed = observed.replace(out_names=broadcast_object(listing, env))
     cache = dict(cache_dir=config.cache_dir, cache_limit=config.cache_limit,  # a --data URL's
-                 verify=config.verify_data)  # each local file's checksum (datasets/shards.py)
-    train_data = open_split(config.data, "train", **cache)
-    val_data, val_missing = open_val_split(config.data, **cache)
+                 verify=config.verify_data)  # each local file's checksum (beton/shards.py)
+    train_data, val_data, val_missing = open_splits(config.data, **cache)
     facts = DatasetFacts.of(train_data, val_data, val_missing)
     observed = observed.replace(weights=weights_facts(config))
     planned = plan(config, facts, machine, observed)

@@ -20,21 +20,30 @@ def open_split(path: str, split: str, **cache):
     return open_dataset(path, split=split, **cache)
 
 
-def open_val_split(path: str, **cache):
+def open_splits(path: str, **cache):
+    """(train split, val split or None, why there is no val split): what a run trains and
+    evaluates on, with dataset.json read once (for a URL: fetched once, where the train split,
+    the question and the val split each fetched it)."""
+    train = open_split(path, "train", **cache)
+    return (train, *open_val_split(path, train, **cache))
+
+
+def open_val_split(path: str, train=None, **cache):
     """(the val split, "") or (None, why there is none): then the run does no evaluation.
 
     Only a split that dataset.json does not list counts as absent; a listed but damaged val
-    split is an error like any other."""
+    split is an error like any other. `train`: the dataset's train split, already open: its
+    dataset.json (`train.info`) answers and opens the val split, which reads it no more."""
     root = Path(path)
-    if is_url(path):
-        splits = read_remote_dataset_json(path)["splits"]
-    elif root.is_file():
+    if not is_url(path) and root.is_file():
         return None, f"{root} is a single .beton file (no val split beside it)"
+    if train is not None and train.info is not None:
+        info = train.info
     else:
-        splits = read_dataset_json(root).get("splits", {})
-    if "val" not in splits:
+        info = read_remote_dataset_json(path) if is_url(path) else read_dataset_json(root)
+    if "val" not in info.get("splits", {}):
         return None, f"{path} has no val split (prepare-dataset --val-fraction carves one)"
-    return open_split(path, "val", **cache), ""
+    return open_split(path, "val", info=info, **cache), ""
 
 
 def auto_image_size(dataset, device_type: str) -> tuple[int, str]:
