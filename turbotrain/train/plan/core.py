@@ -35,6 +35,7 @@ from ..config.model_args import canonical, parse_model_kwargs
 from ..errors import TrainError
 from ..models.models import get_model_spec
 from . import recipe, rules
+from .budget_size import budget_size
 from .facts import DatasetFacts, WeightsFacts
 from .machine import Machine
 from .rules import BatchSearch, Decision
@@ -125,7 +126,7 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     if facts.val_count is None:
         d["evaluation"] = Decision("none", facts.val_missing)
     weights = _weights(config, observed)
-    config, spec = _model(d, config, facts, device, weights)
+    config, spec = _model(d, config, facts, device, weights, machine)
     channels_last = _decide(d, "channels_last",
                             rules.channels_last(config.channels_last, spec.conv))
     need, room = _resident_room(config, facts, machine, d["device"].value)
@@ -231,18 +232,26 @@ def _weights(config: TrainConfig, observed: Observed) -> WeightsFacts | None:
 
 
 def _model(d: dict, config: TrainConfig, facts: DatasetFacts, device: str,
-           weights: WeightsFacts | None):
+           weights: WeightsFacts | None, machine: Machine):
     """Image size, model and its arguments: asked for, else what the starting weights imply,
-    else the rules for the data and the device."""
+    else what a --time-budget on a CPU can train enough epochs of, else the rules for the data
+    and the device."""
     hint = weights or WeightsFacts()
     size = config.image_size
     if size is None and hint.image_size is not None:
         size = _decide(d, "image_size", Decision(
             hint.image_size, f"{hint.image_size} px, the size the --init-from weights learnt at"))
+    name = config.model
+    if size is None and name == AUTO and config.time_budget is not None and device == "cpu":
+        picked = budget_size(budget_s=config.time_budget, train_count=facts.train_count,
+                             largest_side=facts.largest_side, cores=machine.cores_per_rank,
+                             fast_bf16=machine.cpu_bf16 and config.precision == "bf16")
+        if picked is not None:
+            size = _decide(d, "image_size", picked[0])
+            name = _decide(d, "model", picked[1])
     if size is None:
         size = _decide(d, "image_size", rules.image_size(facts.largest_side, facts.train_count,
                                                          device))
-    name = config.model
     if name == AUTO and hint.model is not None:
         name = _decide(d, "model", Decision(hint.model, hint.reason))
     if name == AUTO:
