@@ -6,8 +6,9 @@ writer's whole life and refused at once (never waited for) to a second writer.
 one folder both appended to its metrics.jsonl, and of two prepares into one OUT the later
 replaced the first without --overwrite. The holder writes `PID HOST` into the file, so the
 refusal can name it; the kernel drops the lock when the holder dies, even by SIGKILL, so a lock
-file left behind never blocks anyone. The holder removes the file when it is done, while still holding it: whoever
-opened the old file then finds that its name now leads elsewhere, and tries again (`hold`).
+file left behind never blocks anyone. The holder removes the file when it is done, while still
+holding it: whoever opened the old file then finds that its name now leads elsewhere, and tries
+again (`hold`).
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """The DALI graph behind the `dali` pipeline: what runs inside DALI for one split.
 
 Everything DALI sees comes from one ``fn.external_source`` in batch mode, fed by `dali.py` in the
-shared sample order (order.py), so sharding, determinism and mid-epoch resume are the contract's,
-not DALI's reader's. Per sample it receives the stored bytes (a 1-D uint8 JPEG stream, or the
-HWC uint8 array of a raw sample), the crop box and the flip bit that `augment` drew for
-(seed, epoch, index): the same parameters every other pipeline uses, so a `dali` batch shows
-the same crops as a `pytorch` batch. Per family (see augment.py):
+shared sample order (order.py), so the ranks' slices, determinism and mid-epoch resume are the
+contract's, not DALI's reader's. Per sample it receives the stored bytes (a 1-D uint8 JPEG
+stream, or the HWC uint8 array of a raw sample), the crop box and the flip bit that `augment`
+drew for (seed, epoch, index): the same parameters every other pipeline uses, so a `dali` batch
+shows the same crops as a `pytorch` batch. Per family (see augment.py):
 
 * RESIZED_CROP (train) and CENTRE_CROP (eval): ``decoders.image_slice`` decodes only the box
   (libjpeg-turbo on the CPU, nvJPEG / the A100+ hardware decoder with ``device="mixed"``), then

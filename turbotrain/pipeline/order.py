@@ -5,7 +5,8 @@ One epoch's order is a pure function of (seed, epoch):
 1. ``epoch_permutation(n, seed, epoch)``: numpy's ``Generator(PCG64(SeedSequence([seed, epoch])))``
    permutes ``range(n)`` (training); evaluation keeps ``range(n)``.
 2. The global order is split across ranks DistributedSampler-style (``order[rank::world_size]``)
-   into disjoint shards of equal size:
+   into disjoint slices of equal size, one a rank (a rank's slice; "shard" is a split's
+   `.beton` file, datasets/beton/shards.py):
 
    * ``drop_last=True`` (the training default): the tail of the permutation is dropped so that
      every rank gets the same number of *full* batches, ``n // (world_size * batch_size)``. A
@@ -13,9 +14,9 @@ One epoch's order is a pure function of (seed, epoch):
    * ``drop_last=False`` (the evaluation default): nothing is dropped and the last batch may be
      short. With ``world_size > 1`` and ``n % world_size != 0`` the order is padded by repeating
      its first ``world_size - n % world_size`` entries (as torch's DistributedSampler does), so the
-     shards stay equal; with one rank nothing is padded and every sample appears exactly once.
+     slices stay equal; with one rank nothing is padded and every sample appears exactly once.
 
-3. A rank's shard is cut into consecutive batches of ``batch_size``.
+3. A rank's slice is cut into consecutive batches of ``batch_size``.
 
 Because the order does not depend on workers, threads or the pipeline, `pytorch`, `resident`,
 `dali` and `ffcv` feed the same samples in the same batches, and a run resumed at batch k of an
@@ -31,7 +32,7 @@ a page-cache miss (or a shard download) for one image. Instead, still a pure fun
    stored bytes, equal in sample count.
 2. ``Generator(PCG64(SeedSequence([seed, epoch, 1])))`` permutes the blocks, and their samples
    are laid end to end in that order. Rank r takes the r-th contiguous stretch of
-   ``shard_size(...)`` samples: each rank reads only the blocks of its stretch, and only the
+   ``slice_size(...)`` samples: each rank reads only the blocks of its stretch, and only the
    two blocks at its ends are shared with a neighbour rank (read in part by each). The counts
    are equal, so nothing beyond ``n % (world_size * batch_size)`` samples is dropped, exactly as
    in the random order, and what is dropped is the end of the epoch's last block, another one
@@ -87,13 +88,14 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def global_order(num_samples: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The order of all samples in one epoch before sharding: shuffled for training, else 0..n-1."""
+    """The order of all samples in one epoch, before it is sliced across the ranks: shuffled for
+    training, else 0..n-1."""
     if shuffle:
         return epoch_permutation(num_samples, seed, epoch)
     return np.arange(num_samples, dtype=np.int64)
 
 
-def shard_size(num_samples: int, *, world_size: int, batch_size: int, drop_last: bool) -> int:
+def slice_size(num_samples: int, *, world_size: int, batch_size: int, drop_last: bool) -> int:
     """How many samples every rank sees in one epoch (equal for all ranks)."""
     _check_layout(world_size=world_size, batch_size=batch_size)
     if drop_last:
@@ -103,17 +105,17 @@ def shard_size(num_samples: int, *, world_size: int, batch_size: int, drop_last:
 
 def num_batches(num_samples: int, *, world_size: int, batch_size: int, drop_last: bool) -> int:
     """The number of batches every rank yields per epoch (equal for all ranks)."""
-    per_rank = shard_size(num_samples, world_size=world_size, batch_size=batch_size,
+    per_rank = slice_size(num_samples, world_size=world_size, batch_size=batch_size,
                           drop_last=drop_last)
     return per_rank // batch_size if drop_last else -(-per_rank // batch_size)
 
 
-def shard(order: np.ndarray, *, rank: int, world_size: int, batch_size: int,
-          drop_last: bool) -> np.ndarray:
+def rank_slice(order: np.ndarray, *, rank: int, world_size: int, batch_size: int,
+               drop_last: bool) -> np.ndarray:
     """This rank's samples, in order, from the epoch's global `order` (see the module docstring)."""
     _check_layout(world_size=world_size, batch_size=batch_size, rank=rank)
     n = len(order)
-    per_rank = shard_size(n, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
+    per_rank = slice_size(n, world_size=world_size, batch_size=batch_size, drop_last=drop_last)
     total = per_rank * world_size
     if total > n:  # drop_last=False with a remainder: pad with the first entries
         order = np.concatenate([order, order[: total - n]])
@@ -157,8 +159,8 @@ class SampleOrder:
     def samples(self, epoch: int) -> np.ndarray:
         """This rank's samples for `epoch`, in the order they are yielded (int64)."""
         order = global_order(self.num_samples, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
-        return shard(order, rank=self.rank, world_size=self.world_size,
-                     batch_size=self.batch_size, drop_last=self.drop_last)
+        return rank_slice(order, rank=self.rank, world_size=self.world_size,
+                          batch_size=self.batch_size, drop_last=self.drop_last)
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches of sample indices for `epoch`; ``len()`` of them."""
@@ -238,7 +240,7 @@ class QuasiRandomOrder(SampleOrder):
         sizes = np.diff(self.bounds)[perm]
         ends = np.cumsum(sizes)
         begins = ends - sizes
-        per_rank = shard_size(n, world_size=self.world_size, batch_size=self.batch_size,
+        per_rank = slice_size(n, world_size=self.world_size, batch_size=self.batch_size,
                               drop_last=self.drop_last)
         blocks, firsts, counts = [], [], []
         lo, hi = self.rank * per_rank, (self.rank + 1) * per_rank

@@ -53,7 +53,7 @@ def test_shards_by_name_with_cls_labels(tmp_path):
     source = detect_source(tmp_path)
     assert source.kind == "webdataset" and set(source.splits) == {"train", "val"}
     train = source.splits["train"]
-    assert isinstance(train, TarSplit) and len(train.shards) == 3  # 12 samples, 5 a shard
+    assert isinstance(train, TarSplit) and len(train.files) == 3  # 12 samples, 5 a file
     assert source.classes == ["0", "1", "2"]  # integers: "0".."N-1"
     assert train.labels.tolist() == [c for _, c, _ in samples("train")]
     assert train.load(6) == samples("train")[6][2]

@@ -3,9 +3,9 @@
 The cache folder is shared (ranks, runs, sometimes users), so a name there proves nothing: a
 user's `my-experiment.beton`, a shard left by an older turbotrain, or a symlink planted under a
 name anyone can compute from dataset.json. The cache reads, counts and deletes only files this
-journal lists, and only while the file is still the one it made: a regular file with the inode
-and size recorded when the cache created it (O_EXCL under a fresh random name, so it can never
-be something that was there before). Anything else is left alone.
+journal lists (its entries, shard_cache.py), and only while the file is still the one it made:
+a regular file with the inode and size recorded when the cache created it (O_EXCL under a fresh
+random name, so it can never be something that was there before). Anything else is left alone.
 
 A shard is read only while it is also unchanged since its download was checked: the cache
 makes it read-only (0444) and records its ctime then, and any write, truncation, chmod, new

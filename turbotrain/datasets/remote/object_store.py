@@ -190,9 +190,9 @@ class Store:
     def _in_fresh_process(self, deadline: Deadline, *args: str, fd: int | None = None) -> str:
         """`python -m turbotrain.datasets.remote.object_store URL ARGS...`: obstore's runtime
         does not survive fork (its threads are gone: every call would hang), so a forked
-        DataLoader worker of a process that used it downloads through a new process. The child writes
-        into our descriptor (never reopening a cache file by name) and keeps the deadline
-        itself; ours is a backstop."""
+        DataLoader worker of a process that used it downloads through a new process. The child
+        writes into our descriptor (never reopening a cache file by name) and keeps the
+        deadline itself; ours is a backstop."""
         extra = [str(fd)] if fd is not None else []
         try:
             done = subprocess.run([sys.executable, "-m", __name__, self.url, *args, *extra],

@@ -1,29 +1,30 @@
 """A folder of downloaded shards, bounded in size, shared by every process that reads them.
 
-`ShardCache(cache_dir, limit_bytes)` keeps whole shard files under `cache_dir`, each named by a
-hash of its URL and its SHA-256 (a dataset that changes never serves stale bytes) plus a random
-part: `<key>.<16 hex digits>.beton`.
+`ShardCache(cache_dir, limit_bytes)` keeps entries under `cache_dir`: an entry is one shard's
+whole file as downloaded, named by its key (a hash of the shard's URL and its SHA-256, so a
+dataset that changes never serves stale bytes) plus a random part: `<key>.<16 hex
+digits>.beton`. The cache's unit is the entry; what it holds is always a whole shard.
 
-* the cache reads, counts and deletes only the files it made, as its journal records them
+* the cache reads, counts and deletes only the entries it made, as its journal records them
   (cache_journal.py): a user's own `.beton`, an older turbotrain's shards or a symlink planted
   under a computable name are never opened, written, counted or deleted. A download is a new
   file (`safe_create.create_unique`: O_EXCL | O_NOFOLLOW under a fresh name), sized to the
   whole shard up front (so the folder's total counts it from its first byte), recorded as
   incomplete, written through the descriptor, checked by its caller, made read-only, then
-  recorded as complete with its ctime: a killed download never leaves a file the cache would
-  read, and a shard changed in place since (its ctime moved) is deleted and downloaded again;
-* the total of its files stays <= limit_bytes: before a download, the least-recently-used shards
-  (the mtime of their `.use` lock, touched on every use: touching the shard would move its
-  ctime) that no process holds are deleted. A shard larger than the
-  limit is one clear error naming --cache-limit;
+  recorded as complete with its ctime: a killed download never leaves an entry the cache would
+  read, and an entry changed in place since (its ctime moved) is deleted and downloaded again;
+* the total of its entries stays <= limit_bytes: before a download, the least-recently-used
+  entries (the mtime of their `.use` lock, touched on every use: touching the entry would move
+  its ctime) that no process holds are deleted. A shard larger than the limit is one clear
+  error naming --cache-limit;
 * processes (ranks, DataLoader workers) share the folder through `fcntl.flock` locks in
   `.locks/`: `<key>.dl` (exclusive while one process downloads; a second waits for it, then
-  finds the file), `<key>.use` (shared while a process holds the shard: opened, or prefetched
-  for the next reads; eviction takes it exclusive, non-blocking, so it skips a held shard) and
+  finds the entry), `<key>.use` (shared while a process holds the entry: opened, or prefetched
+  for the next reads; eviction takes it exclusive, non-blocking, so it skips a held entry) and
   `cache.lock` (one process at a time changes the journal, counts and evicts);
-* a process lets go of the shards it holds only when a read needs the room (a prefetch never
+* a process lets go of the entries it holds only when a read needs the room (a prefetch never
   does), least recently touched first, never those `protect`ed (the next shards of its order):
-  reading a shard again costs a reopen, not a download, while it fits.
+  reading a shard again costs a reopen, not a download, while its entry stays.
 """
 from __future__ import annotations
 

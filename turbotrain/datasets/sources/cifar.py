@@ -44,7 +44,7 @@ def looks_like_cifar(folder: Path) -> str | None:
 
 def is_cifar_archive(archive: Path, downloaded_names: tuple[str, ...]) -> bool:
     """Whether a .tar/.tar.gz is a CIFAR archive (the downloaded name, or a first member under
-    cifar-10-batches-py/ or cifar-100-python/) rather than a WebDataset shard. Reads one
+    cifar-10-batches-py/ or cifar-100-python/) rather than a WebDataset tar file. Reads one
     header; an unreadable archive is left to the WebDataset reader's one-line error."""
     if archive.name.lower() in downloaded_names:
         return True

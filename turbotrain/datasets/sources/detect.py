@@ -48,7 +48,7 @@ from .cifar import (CIFAR100_DIR, CIFAR10_DIR, is_cifar_archive, looks_like_cifa
 from .hf import HF_SUFFIXES, Columns, is_hf_folder, read_hf_files, read_hf_folder
 from .image_files import LIST_SUFFIXES, NoImages, read_image_folder, read_list
 from .source import Source, SourceError
-from .source_files import folder_shards, is_pattern, pattern_files, split_by_name
+from .source_files import folder_files, is_pattern, pattern_files, split_by_name
 from .webdataset import WEBDATASET_SUFFIXES, read_webdataset
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
@@ -112,11 +112,12 @@ def _hf_saved(path: Path, asked: Asked) -> Path | None:
 
 
 def _files_of(suffixes: tuple[str, ...]) -> Callable[[Path, Asked], object]:
-    """{split: files} of a sharded kind: one file, or a folder of them (source_files.py)."""
+    """{split: files} of a kind made of many files: one file, or a folder of them
+    (source_files.py)."""
     def detect(path: Path, asked: Asked) -> dict[str, list[Path]] | None:
         if path.is_file():
             return {"train": [path]} if path.name.lower().endswith(suffixes) else None
-        return folder_shards(path, suffixes, asked.allow_outside_root)
+        return folder_files(path, suffixes, asked.allow_outside_root)
     return detect
 
 
@@ -201,7 +202,7 @@ def _detect(path: Path, asked: Asked) -> Source:
 
 
 def _read_pattern(path: Path, asked: Asked) -> Source:
-    """The files a brace pattern names, {split: files}: all of one sharded kind."""
+    """The files a brace pattern names, {split: files}: all of one kind."""
     split_files = split_by_name(pattern_files(str(path)), path)
     files = [file for listed in split_files.values() for file in listed]
     if all(file.name.lower().endswith(WEBDATASET_SUFFIXES) for file in files):

@@ -13,7 +13,7 @@ ImageFolder, for datasets larger than RAM:
   group). Samples are handed out in chunks of 16 consecutive rows, so in source order a row
   group is decoded by at most a few workers; in the shuffled order --shard-size stores, most
   chunks decode a row group per sample (not measured yet: bench/bench_sources.py times the
-  unsharded conversion; for a large sharded one, prefer Arrow or small row groups).
+  unsharded conversion; for a large one with --shard-size, prefer Arrow or small row groups).
 
 pyarrow runs single-threaded here (`use_threads=False`): prepare forks its workers, and a
 thread pool started in the parent must not be inherited mid-task.

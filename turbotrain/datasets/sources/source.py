@@ -1,7 +1,7 @@
 """What a SOURCE path is read into: a `Source` of named `SplitSource`s, each a list of samples.
 
 Two kinds of split here: `FileSplit` (one image file per sample: ImageFolder, CSV lists) and
-`ArraySplit` (pixels already in memory: CIFAR, MNIST idx, .npz); WebDataset shards and Hugging
+`ArraySplit` (pixels already in memory: CIFAR, MNIST idx, .npz); WebDataset tar files and Hugging
 Face Arrow/Parquet files have theirs beside their readers (webdataset.py, hf_splits.py). All are
 plain data, no open handles, so prepare-dataset can hand them to worker processes by fork or
 pickle. Array sources are small (CIFAR-10: 180 MB, MNIST: 55 MB) and are loaded once, up front.

@@ -1,14 +1,14 @@
-"""Which files a sharded SOURCE is made of (WebDataset tars, Parquet and Arrow files), and which
-split each file belongs to.
+"""Which source files a SOURCE of many files is made of (WebDataset's tar files, its "shards";
+Parquet and Arrow files), and which split each file belongs to.
 
-A SOURCE of shards is one file, a folder of them, or a brace pattern such as
+Such a SOURCE is one file, a folder of them, or a brace pattern such as
 `data/train-{000000..000009}.tar` (numeric ranges keep their zero padding; `{a,b}` lists
 alternatives; several groups multiply), which we expand ourselves: WebDataset's own `braceexpand`
 is not a dependency, and a pattern a stranger wrote must not expand to millions of names.
 
-The split rule, the same for every sharded kind:
+The split rule, the same for every kind made of many files:
 
-* a folder holding `train/` and `val/` (or else `test/`) subfolders of shards: split by folder;
+* a folder holding `train/` and `val/` (or else `test/`) subfolders of such files: split by folder;
 * otherwise split by file name: a name starting with `train` is train, one starting with `val`,
   `valid` or `validation` is val, one starting with `test` is val when no file is (as
   ImageFolder's `test/`); when no name starts with any of these, every file is train. A name
@@ -26,7 +26,7 @@ from .source import HELD_OUT_NAMES, SourceError
 
 # Files one SOURCE may name (MAX_SHARDS of the output, beton/dataset_json.py): a pattern or
 # folder that lists more is refused before a file is opened.
-MAX_SHARD_FILES = 100_000
+MAX_SOURCE_FILES = 100_000
 _GROUP = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"(\d{1,9})\.\.(\d{1,9})")
 _SPLIT_WORDS = {"train": "train", "val": "val", "valid": "val", "validation": "val",
@@ -49,8 +49,8 @@ def expand_braces(pattern: str) -> list[str]:
     count = 1
     for _, choices in groups:
         count *= len(choices)
-        if count > MAX_SHARD_FILES:
-            raise SourceError(f"SOURCE pattern {pattern} names more than {MAX_SHARD_FILES:,} "
+        if count > MAX_SOURCE_FILES:
+            raise SourceError(f"SOURCE pattern {pattern} names more than {MAX_SOURCE_FILES:,} "
                               f"files; use fewer, larger shards")
     names = [""]
     cursor = 0
@@ -70,8 +70,8 @@ def _alternatives(group: str, pattern: str) -> list[str]:
         if int(low) > int(high):
             raise SourceError(f"SOURCE pattern {pattern}: range {{{group}}} counts down; write "
                               f"it low..high")
-        if int(high) - int(low) >= MAX_SHARD_FILES:
-            raise SourceError(f"SOURCE pattern {pattern} names more than {MAX_SHARD_FILES:,} "
+        if int(high) - int(low) >= MAX_SOURCE_FILES:
+            raise SourceError(f"SOURCE pattern {pattern} names more than {MAX_SOURCE_FILES:,} "
                               f"files; use fewer, larger shards")
         padded = low.startswith("0") or high.startswith("0")
         width = max(len(low), len(high)) if padded else 0
@@ -96,23 +96,23 @@ def has_suffix(name: str, suffixes: tuple[str, ...]) -> bool:
     return name.lower().endswith(suffixes) and not name.startswith(".")
 
 
-def folder_shards(folder: Path, suffixes: tuple[str, ...],
+def folder_files(folder: Path, suffixes: tuple[str, ...],
                   allow_outside_root: bool = False) -> dict[str, list[Path]] | None:
-    """{split: shard files} of a folder of shards (the module docstring's rule); None when it
-    holds none, directly or in train/ (val/, test/). A shard that is a symlink must resolve
+    """{split: source files} of a folder of them (the module docstring's rule); None when it
+    holds none, directly or in train/ (val/, test/). A file that is a symlink must resolve
     inside the folder unless allow_outside_root, as an ImageFolder's files must."""
-    direct = _shards_in(folder, suffixes, folder, allow_outside_root)
+    direct = _files_in(folder, suffixes, folder, allow_outside_root)
     if direct:
         return split_by_name(direct, folder)
     if not (folder / "train").is_dir():
         return None
-    train = _shards_in(folder / "train", suffixes, folder, allow_outside_root)
+    train = _files_in(folder / "train", suffixes, folder, allow_outside_root)
     if not train:
         return None
     splits = {"train": train}
     for name in HELD_OUT_NAMES:
         if (folder / name).is_dir():
-            held = _shards_in(folder / name, suffixes, folder, allow_outside_root)
+            held = _files_in(folder / name, suffixes, folder, allow_outside_root)
             if not held:
                 raise SourceError(f"{folder / name} holds no {'/'.join(suffixes)} shards, but "
                                   f"{folder / 'train'} does; add them or remove the folder")
@@ -121,11 +121,11 @@ def folder_shards(folder: Path, suffixes: tuple[str, ...],
     return splits
 
 
-def _shards_in(folder: Path, suffixes: tuple[str, ...], root: Path,
+def _files_in(folder: Path, suffixes: tuple[str, ...], root: Path,
                allow_outside_root: bool) -> list[Path]:
-    """The shard names in folder. Anything so named that is not a folder is listed, a FIFO or a
-    device too: reading it is then refused in one line (open_regular), where skipping it would
-    lose a shard without a word."""
+    """The source files named so in folder. Anything so named that is not a folder is listed, a
+    FIFO or a device too: reading it is then refused in one line (open_regular), where skipping
+    it would lose a file without a word."""
     found = []
     with os.scandir(folder) as entries:
         for entry in entries:
@@ -135,8 +135,8 @@ def _shards_in(folder: Path, suffixes: tuple[str, ...], root: Path,
                 if outside:
                     raise SourceError(f"shard {entry.path} {outside}")
                 found.append(Path(entry.path))
-                if len(found) > MAX_SHARD_FILES:
-                    raise SourceError(f"{folder} holds more than {MAX_SHARD_FILES:,} shard "
+                if len(found) > MAX_SOURCE_FILES:
+                    raise SourceError(f"{folder} holds more than {MAX_SOURCE_FILES:,} shard "
                                       f"files; use fewer, larger shards")
     return sorted(found)
 

@@ -1,11 +1,11 @@
-"""One pass over a WebDataset shard's members, grouped into samples, with every untrusted-input
+"""One pass over a WebDataset tar file's members, grouped into samples, with every untrusted-input
 check the tar format needs (shared by the index of a plain .tar and the stream of a .tar.gz).
 
 A member is only ever a name and a range of bytes here: nothing is extracted, so a name such as
 `../../etc/passwd.jpg` or `/abs/x.jpg` names a sample and never a place on disk. Only regular
 members are read (a symlink, hard link, device or FIFO member is refused: WebDataset writers
 never make them, and tarfile would otherwise hand us the target's name as data), at most
-MAX_MEMBERS per shard, an image member up to --max-file-mb and a label member up to
+MAX_MEMBERS per file, an image member up to --max-file-mb and a label member up to
 MAX_LABEL_BYTES. A plain tar's members must lie inside the file (tarfile itself would read a
 member that declares 1 TB as an empty file, or stop quietly at a damaged header); a .tar.gz's
 stream is charged to an InflateBudget as it is inflated.
@@ -25,7 +25,7 @@ from .source import WEBDATASET_IMAGE_EXTENSIONS, SourceError
 LABEL_EXTENSIONS = ("cls", "json", "txt")  # the first a sample has is its label
 LABEL_FIELDS = ("label", "cls", "class")   # of a .json label
 # 1M members is ~330k samples of image + label + metadata: 3x ImageNet's largest public
-# WebDataset shards (10k samples); tarfile keeps a TarInfo per member until we drop it.
+# WebDataset tar files (10k samples); tarfile keeps a TarInfo per member until we drop it.
 MAX_MEMBERS = 1_000_000
 # A label is a number or a class name; 64 KiB also bounds what json.loads allocates.
 MAX_LABEL_BYTES = 64 << 10
@@ -41,8 +41,8 @@ def is_compressed(path: Path) -> bool:
 
 @dataclass
 class Found:
-    """One sample of a shard: its image member and, when asked for, the image's bytes."""
-    position: int          # sample index inside the shard
+    """One sample of a tar file: its image member and, when asked for, the image's bytes."""
+    position: int          # sample index inside the file
     member: str            # the image member's name
     offset: int            # its data's offset in the (inflated) tar
     size: int
@@ -50,11 +50,11 @@ class Found:
     data: bytes | None = None
 
 
-def scan_shard(path: Path, limits: Limits,
+def scan_tar(path: Path, limits: Limits,
                wanted: Callable[[int], bool] | None = None) -> Iterator[Found]:
-    """Yields the shard's samples in order; with `wanted`, the bytes of the images of the
+    """Yields the tar file's samples in order; with `wanted`, the bytes of the images of the
     positions it accepts are read on the way (a stream cannot come back for them). Raises
-    SourceError (one line naming the shard) for anything malformed or over a cap."""
+    SourceError (one line naming the file) for anything malformed or over a cap."""
     try:
         with open_regular(path) as raw:
             file_size = raw.seek(0, 2)
@@ -196,7 +196,7 @@ def _json_label(value, where: str) -> str:
 
 def _check_end(raw, offset: int, file_size: int, path: Path) -> None:
     """tarfile stops quietly at a header it cannot parse; what follows the last member must be
-    the end-of-archive zeros (or nothing), else the shard is damaged there."""
+    the end-of-archive zeros (or nothing), else the file is damaged there."""
     if offset >= file_size:
         return
     raw.seek(offset)

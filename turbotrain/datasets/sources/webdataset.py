@@ -1,8 +1,9 @@
-"""WebDataset shards as a SOURCE: `.tar` / `.tar.gz` files whose members are `KEY.jpg|jpeg|png|
-webp` with the label in `KEY.cls` (an integer), `KEY.json` ({"label"|"cls"|"class": integer or
-name}) or `KEY.txt` (an integer or a class name), the first of these a sample has. Which shards
-and splits: source_files.py. Classes: class_labels.py (integers kept, names sorted), the union
-over the splits, so a label means the same class in train and val.
+"""WebDataset's tar files (what WebDataset calls shards) as a SOURCE: `.tar` / `.tar.gz` files
+whose members are `KEY.jpg|jpeg|png|webp` with the label in `KEY.cls` (an integer), `KEY.json`
+({"label"|"cls"|"class": integer or name}) or `KEY.txt` (an integer or a class name), the first
+of these a sample has. Which files and splits: source_files.py. Classes: class_labels.py
+(integers kept, names sorted), the union over the splits, so a label means the same class in
+train and val.
 
 How the image bytes reach the encoder, for datasets larger than RAM (nothing is extracted to
 disk, nothing but an index is kept in memory):
@@ -16,7 +17,7 @@ disk, nothing but an index is kept in memory):
   of images to the workers in order (SplitSource.read_in_order; memory: the chunks in flight).
   Spooling the inflated tar to a temporary file would allow any order but doubles the disk a
   conversion needs, for data that barely compresses (JPEG: gzip saves ~1 %), so --shard-size is
-  refused for a .tar.gz split with a line saying to gunzip the shards.
+  refused for a .tar.gz split with a line saying to gunzip the files.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from turbotrain.files.untrusted import Limits, UnsafeInput, read_range
 
 from .class_labels import classes_and_labels
 from .source import WEBDATASET_IMAGE_EXTENSIONS, Source, SourceError, SplitSource
-from .tar_scan import Found, is_compressed, scan_shard
+from .tar_scan import Found, is_compressed, scan_tar
 
 WEBDATASET_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # The largest images whose first bytes bound a worker's memory (prepare/worker_memory.py).
@@ -40,24 +41,24 @@ HEAD_BYTES = 1 << 20
 
 @dataclass(eq=False)
 class TarSplit(SplitSource):
-    """Samples of plain .tar shards, read by offset."""
-    shards: tuple[str, ...]
-    shard_of: np.ndarray     # int32: which shard sample i is in
+    """Samples of plain .tar files, read by offset."""
+    files: tuple[str, ...]
+    file_of: np.ndarray      # int32: which file sample i is in
     members: list[str]       # its image member's name
-    offsets: np.ndarray      # int64: the image data's offset in the shard
+    offsets: np.ndarray      # int64: the image data's offset in the file
     sizes: np.ndarray        # int64
     labels: np.ndarray
 
     def name(self, i: int) -> str:
-        return f"{self.shards[self.shard_of[i]]}:{self.members[i]}"
+        return f"{self.files[self.file_of[i]]}:{self.members[i]}"
 
     def load(self, i: int) -> bytes:
-        # The sizes were checked against --max-file-mb when the shard was indexed.
-        return read_range(self.shards[self.shard_of[i]], int(self.offsets[i]),
+        # The sizes were checked against --max-file-mb when the file was indexed.
+        return read_range(self.files[self.file_of[i]], int(self.offsets[i]),
                           int(self.sizes[i]))
 
     def subset(self, indices: np.ndarray) -> TarSplit:
-        return TarSplit(self.shards, self.shard_of[indices], [self.members[i] for i in indices],
+        return TarSplit(self.files, self.file_of[indices], [self.members[i] for i in indices],
                         self.offsets[indices], self.sizes[indices], self.labels[indices])
 
     def estimated_sizes(self) -> np.ndarray:
@@ -67,22 +68,22 @@ class TarSplit(SplitSource):
         heads = []
         for i in np.argsort(-self.sizes, kind="stable")[:count].tolist():
             try:
-                heads.append((self.name(i), read_range(self.shards[self.shard_of[i]],
+                heads.append((self.name(i), read_range(self.files[self.file_of[i]],
                               int(self.offsets[i]), min(int(self.sizes[i]), nbytes))))
             except (OSError, UnsafeInput):
                 continue  # it fails, in one line, when it is encoded
         return heads
 
     def __repr__(self) -> str:
-        return f"TarSplit({len(self)} samples in {len(self.shards)} shards)"
+        return f"TarSplit({len(self)} samples in {len(self.files)} files)"
 
 
 @dataclass(eq=False)
 class TarStreamSplit(SplitSource):
-    """Samples of shards read as a stream (any .tar.gz in the split): only in order."""
-    shards: tuple[str, ...]
-    shard_of: np.ndarray     # int32
-    positions: np.ndarray    # int64: the sample's index inside its shard
+    """Samples of tar files read as a stream (any .tar.gz in the split): only in order."""
+    files: tuple[str, ...]
+    file_of: np.ndarray      # int32
+    positions: np.ndarray    # int64: the sample's index inside its file
     members: list[str]
     sizes: np.ndarray
     labels: np.ndarray
@@ -91,21 +92,21 @@ class TarStreamSplit(SplitSource):
     in_order_only = True
 
     def name(self, i: int) -> str:
-        return f"{self.shards[self.shard_of[i]]}:{self.members[i]}"
+        return f"{self.files[self.file_of[i]]}:{self.members[i]}"
 
     def load(self, i: int) -> bytes:
-        """Streams sample i's shard up to it: slow, for tools and tests; prepare reads the
+        """Streams sample i's file up to it: slow, for tools and tests; prepare reads the
         split once, in order (read_in_order)."""
         return next(self._stream(np.array([i])))[1]
 
     def subset(self, indices: np.ndarray) -> TarStreamSplit:
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) > 1 and not np.all(np.diff(indices) > 0):
-            raise SourceError(f"{self.shards[0]} and the other .tar.gz shards of this split can "
+            raise SourceError(f"{self.files[0]} and the other .tar.gz shards of this split can "
                               f"only be read in order, and --shard-size stores the train split "
                               f"shuffled; gunzip the shards (a plain .tar is read by offset) or "
                               f"drop --shard-size")
-        return TarStreamSplit(self.shards, self.shard_of[indices], self.positions[indices],
+        return TarStreamSplit(self.files, self.file_of[indices], self.positions[indices],
                               [self.members[i] for i in indices], self.sizes[indices],
                               self.labels[indices], self.limits, self.heads)
 
@@ -119,12 +120,12 @@ class TarStreamSplit(SplitSource):
 
     def _stream(self, wanted: np.ndarray):
         """(i, image bytes) for the increasing sample indices `wanted`, streaming only the
-        shards that hold them; SourceError when a shard changed since it was listed."""
-        for shard in np.unique(self.shard_of[wanted]).tolist():
-            mine = wanted[self.shard_of[wanted] == shard]
+        files that hold them; SourceError when a file changed since it was listed."""
+        for file in np.unique(self.file_of[wanted]).tolist():
+            mine = wanted[self.file_of[wanted] == file]
             by_position = dict(zip(self.positions[mine].tolist(), mine.tolist()))
-            path = Path(self.shards[shard])
-            for found in scan_shard(path, self.limits, wanted=by_position.__contains__):
+            path = Path(self.files[file])
+            for found in scan_tar(path, self.limits, wanted=by_position.__contains__):
                 i = by_position.get(found.position)
                 if i is None:
                     continue
@@ -147,13 +148,13 @@ class TarStreamSplit(SplitSource):
         return [(name, head[:nbytes]) for name, head in self.heads[:count]]
 
     def __repr__(self) -> str:
-        return f"TarStreamSplit({len(self)} samples in {len(self.shards)} shards, in order)"
+        return f"TarStreamSplit({len(self)} samples in {len(self.files)} files, in order)"
 
 
 @dataclass
 class _Index:
-    """What one pass over a split's shards found."""
-    shard_of: list[int] = field(default_factory=list)
+    """What one pass over a split's files found."""
+    file_of: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     members: list[str] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
@@ -163,7 +164,7 @@ class _Index:
 
 
 def read_webdataset(split_files: dict[str, list[Path]], root: Path, limits: Limits) -> Source:
-    """The Source of these shards ({split: shard files, in order})."""
+    """The Source of these tar files ({split: files, in order})."""
     indexes = {split: _index_split(files, limits) for split, files in split_files.items()}
     texts = [text for index in indexes.values() for text in index.label_texts]
     places = [(split_files[split], index) for split, index in indexes.items()]
@@ -171,7 +172,7 @@ def read_webdataset(split_files: dict[str, list[Path]], root: Path, limits: Limi
     def where(k: int) -> str:  # only called for an error: no list of every sample's name
         for files, index in places:
             if k < len(index.members):
-                return f"{files[index.shard_of[k]]}:{index.members[k]}"
+                return f"{files[index.file_of[k]]}:{index.members[k]}"
             k -= len(index.members)
         return str(root)
     classes, labels = classes_and_labels(texts, where, str(root))
@@ -181,31 +182,32 @@ def read_webdataset(split_files: dict[str, list[Path]], root: Path, limits: Limi
         count = len(index.members)
         splits[split] = _split(split_files[split], index, labels[start:start + count], limits)
         start += count
-    shards = tuple(path for files in split_files.values() for path in files)
-    return Source("webdataset", root, classes, splits, shards)
+    content = tuple(path for files in split_files.values() for path in files)
+    return Source("webdataset", root, classes, splits, content)
 
 
 def _index_split(files: list[Path], limits: Limits) -> _Index:
     index = _Index()
-    for shard, path in enumerate(files):
+    for file, path in enumerate(files):
         # A stream cannot come back for an image's header: each is read as it passes (it is
         # inflated anyway) and the largest ones' first bytes kept.
         every = (lambda position: True) if is_compressed(path) else None
         found_any = False
-        for found in scan_shard(path, limits, wanted=every):
+        for found in scan_tar(path, limits, wanted=every):
             found_any = True
-            _add(index, shard, found)
+            _add(index, file, found)
             if found.data is not None:
                 _keep(index.heads, found, str(path))
         if not found_any:
-            raise SourceError(f"{path} holds no KEY.{'/'.join(WEBDATASET_IMAGE_EXTENSIONS)} members, so "
-                              f"it is neither a WebDataset shard nor a CIFAR archive; if it "
+            images = "/".join(WEBDATASET_IMAGE_EXTENSIONS)
+            raise SourceError(f"{path} holds no KEY.{images} members, so it is neither a "
+                              f"WebDataset shard nor a CIFAR archive; if it "
                               f"holds an image folder, extract it and pass the folder")
     return index
 
 
-def _add(index: _Index, shard: int, found: Found) -> None:
-    index.shard_of.append(shard)
+def _add(index: _Index, file: int, found: Found) -> None:
+    index.file_of.append(file)
     index.positions.append(found.position)
     index.members.append(found.member)
     index.offsets.append(found.offset)
@@ -213,9 +215,9 @@ def _add(index: _Index, shard: int, found: Found) -> None:
     index.label_texts.append(found.label)
 
 
-def _keep(heads: list, found: Found, shard: str) -> None:
+def _keep(heads: list, found: Found, file: str) -> None:
     """Keeps the first HEAD_BYTES of the HEADS_KEPT largest images (a min-heap by size)."""
-    item = (found.size, f"{shard}:{found.member}", found.data[:HEAD_BYTES])
+    item = (found.size, f"{file}:{found.member}", found.data[:HEAD_BYTES])
     if len(heads) < HEADS_KEPT:
         heapq.heappush(heads, item)
     elif item[0] > heads[0][0]:
@@ -224,12 +226,12 @@ def _keep(heads: list, found: Found, shard: str) -> None:
 
 
 def _split(files: list[Path], index: _Index, labels: np.ndarray, limits: Limits) -> SplitSource:
-    shards = tuple(str(path) for path in files)
-    shard_of = np.array(index.shard_of, dtype=np.int32)
+    names = tuple(str(path) for path in files)
+    file_of = np.array(index.file_of, dtype=np.int32)
     sizes = np.array(index.sizes, dtype=np.int64)
     if any(is_compressed(path) for path in files):
         heads = [(name, head) for _, name, head in sorted(index.heads, reverse=True)]
-        return TarStreamSplit(shards, shard_of, np.array(index.positions, dtype=np.int64),
+        return TarStreamSplit(names, file_of, np.array(index.positions, dtype=np.int64),
                               index.members, sizes, labels, limits, heads)
-    return TarSplit(shards, shard_of, index.members, np.array(index.offsets, dtype=np.int64),
+    return TarSplit(names, file_of, index.members, np.array(index.offsets, dtype=np.int64),
                     sizes, labels)
