@@ -62,8 +62,9 @@ def _saved_counters(saved: dict) -> Counters:
     for f in dataclasses.fields(Counters):
         value = getattr(counters, f.name)
         if f.name == "val":  # the last evaluation's numbers, printed at the end
+            # val_top5 is None with 5 classes or fewer (loop.evaluate).
             if value is not None and not (isinstance(value, dict) and all(
-                    type(v) in (int, float) for v in value.values())):
+                    v is None or type(v) in (int, float) for v in value.values())):
                 raise TypeError(f"counter 'val' is {value!r:.60}")
         elif isinstance(f.default, int):
             if type(value) is not int or (value < 0 and f.default >= 0):
