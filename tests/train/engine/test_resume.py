@@ -89,6 +89,26 @@ def test_sigterm_checkpoints_then_resume_finishes_the_same(uninterrupted, tiny_d
     assert step_losses(run_dir) == step_losses(uninterrupted)
 
 
+def test_a_resumed_run_s_timeline_covers_the_whole_run(tiny_dataset, tmp_path):
+    """timeline.png after a resume drew only the resumed process's steps, and an "epoch start"
+    at the resume point mid-epoch: the checkpoint now carries the timeline, the resumed run
+    appends to it, and the resume is marked as such."""
+    run_dir = tmp_path / "stopped"
+    proc = train_subprocess("--data", tiny_dataset, "--out", run_dir, *ARGS)
+    signal_when(lambda: logged_steps(run_dir) >= 3, proc, signal.SIGTERM)
+    stopped_at = _checkpoint_step(run_dir)
+    assert 3 <= stopped_at < TOTAL_STEPS
+    _run_to_end("--out", run_dir, "--resume")
+    timeline = torch.load(checkpoint_path(run_dir), weights_only=True)["timeline"]
+    assert (run_dir / "timeline.png").stat().st_size > 0
+    # Every step is drawn but each process's first (warm-up, kept out of the timing).
+    assert timeline["first_step"][0] == 2 and sum(timeline["counts"]) == TOTAL_STEPS - 2
+    assert timeline["first_step"][-1] + timeline["counts"][-1] - 1 == TOTAL_STEPS
+    steps_per_epoch = TOTAL_STEPS // 3
+    assert timeline["epoch_starts"] == [1, 1 + steps_per_epoch, 1 + 2 * steps_per_epoch]
+    assert timeline["resumes"] == [stopped_at + 1]
+
+
 def _resume_as_older(uninterrupted, tiny_dataset, run_dir, make_older) -> None:
     """Stops a run with SIGTERM after 3 logged steps, rewrites its checkpoint as an older
     trainer wrote it (`make_older(state)` changes the state in place), resumes it to the end

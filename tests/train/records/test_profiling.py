@@ -102,6 +102,35 @@ def test_timeline_stays_bounded_and_keeps_every_step():
     assert sum(timeline.data_wait) == pytest.approx(1.0)
 
 
+def test_timeline_state_round_trips_through_a_checkpoint_and_refuses_damage(tmp_path):
+    """A resumed run appends to the timeline its checkpoint saved (torch.load with
+    weights_only=True reads it back), so timeline.png covers the whole run."""
+    timeline = StepTimeline(max_points=8)
+    timeline.add([StepTime(i, 0.01, 0.02) for i in range(1, 51)])
+    timeline.mark_epoch(1)
+    timeline.mark_epoch(26)
+    timeline.profiled = (3, 12)
+    torch.save({"timeline": timeline.state_dict()}, tmp_path / "state.pt")
+    saved = torch.load(tmp_path / "state.pt", weights_only=True)["timeline"]
+    resumed = StepTimeline(max_points=8)
+    resumed.load_state_dict(saved)
+    resumed.mark_resume(51)
+    resumed.add([StepTime(i, 0.01, 0.02) for i in range(51, 101)])
+    assert sum(resumed.counts) == 100 and len(resumed) <= 8
+    assert resumed.first_step[0] == 1 and list(resumed.first_step) == sorted(resumed.first_step)
+    assert resumed.epoch_starts == [1, 26] and resumed.resumes == [51]
+    assert resumed.profiled == (3, 12) and resumed.per_bucket >= timeline.per_bucket
+    assert resumed.plot(tmp_path / "timeline.png").stat().st_size > 0
+    for damage in ({"counts": [1]}, {"data_wait": [-1.0] * len(saved["data_wait"])},
+                   {"per_bucket": 0}, {"first_step": "x"}, {"profiled": [1]},
+                   {"counts": [1] * 9, "first_step": [1] * 9, "data_wait": [0.0] * 9,
+                    "compute": [0.0] * 9}):
+        with pytest.raises((TypeError, ValueError)):
+            StepTimeline(max_points=8).load_state_dict({**saved, **damage})
+    with pytest.raises(KeyError):
+        StepTimeline().load_state_dict({})
+
+
 def test_profile_writes_a_trace_with_the_data_loading_range(train_cli, tiny_dataset, tmp_path):
     out = tmp_path / "run"
     code, stdout, err = train_cli("--data", tiny_dataset, "--out", out, "--epochs", 1,

@@ -16,6 +16,7 @@ from torch import nn
 
 from turbotrain.pipeline import build_pipeline
 from turbotrain.pipeline.workers import after_pipeline
+from turbotrain.printable import printable
 
 from ..config.config import AUTO, TrainConfig
 from ..config.config_files import save_yaml
@@ -86,7 +87,9 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     # before the run folder, so that weights that are missing or do not fit leave no folder.
     model = start_model(planned.spec, config, train_data, resuming=bool(config.resume),
                         decide=decide)
-    config, run_dir, resume_state = _open_run_dir(config, env, cleanup, auto=auto)
+    config, run_dir, resume_state = _open_run_dir(config, env, cleanup, auto=auto,
+                                                  model=model,
+                                                  classes=tuple(train_data.class_names))
     fresh = resume_state is None and not config.from_weights
     train_model, ema = _place_model(model, planned, env, train_pipeline if fresh else None,
                                     decide)
@@ -138,15 +141,19 @@ def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSt
 
 
 def _open_run_dir(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack, *,
-                  auto: bool) -> tuple[TrainConfig, Path, dict | None]:
+                  auto: bool, model: Classifier, classes: tuple[str, ...]
+                  ) -> tuple[TrainConfig, Path, dict | None]:
     """The run folder (a new one, or --resume's; locked until `cleanup` runs: run_folder.py),
-    the checkpoint state to continue from, and RUNDIR/config.yaml (the resolved settings)."""
+    the checkpoint state to continue from (checked against this launch before config.yaml is
+    rewritten: a refused resume leaves the run as it was), and RUNDIR/config.yaml (the
+    resolved settings)."""
     run_dir = prepare_run_dir(config, env, cleanup, auto=auto,
                               default=Path(default_run_dir(config)))
     config = config.replace(out=str(run_dir))
     resume_state = ckpt.load_checkpoint(run_dir) if config.resume else None
     if resume_state is not None:
         _check_same_world_size(resume_state, env, run_dir)
+        _check_same_data(resume_state, config, model, classes, run_dir)
     if env.is_main:
         save_yaml(config, run_dir / "config.yaml")
     return config, run_dir, resume_state
@@ -254,6 +261,39 @@ def _check_same_world_size(state: dict, env: DistEnv, run_dir: Path) -> None:
                          f"launch has {env.world_size}; continue it with {launch}")
 
 
+def _check_same_data(state: dict, config: TrainConfig, model: Classifier,
+                     classes: tuple[str, ...], run_dir: Path) -> None:
+    """A run continues only on data with the classes it was trained on, and with its model:
+    another dataset's classes do not fit the model's head or, as many of them, would be learnt
+    under the old ones' labels. A checkpoint from before classes were saved is checked by the
+    shapes of its tensors."""
+    saved = state.get("classes")
+    trained_on = printable(state["config"].get("data", "its dataset"))
+    if saved is not None and list(saved) != list(classes):
+        raise TrainError(f"--resume: {run_dir} was trained on {trained_on} ({_classes(saved)}),"
+                         f" not on --data {printable(config.data)} ({_classes(classes)}); "
+                         f"resume with --data {trained_on} (or a copy with the same classes), "
+                         f"or start a new run from its weights: --out NEWDIR --init-from "
+                         f"{run_dir}")
+    misfit = _misfit(model, state["model"]) if isinstance(state["model"], dict) else None
+    if misfit is not None:
+        raise _does_not_fit(config, run_dir, trained_on, len(classes), misfit)
+
+
+def _does_not_fit(config: TrainConfig, run_dir: Path, trained_on: str, num_classes: int,
+                  misfit: str) -> TrainError:
+    return TrainError(f"--resume: the checkpoint does not fit model {config.model} with the "
+                      f"{num_classes} classes of --data {printable(config.data)} ({misfit}); "
+                      f"{run_dir} was trained on {trained_on}: resume with --data "
+                      f"{trained_on} and its --model, or start a new run with another --out")
+
+
+def _classes(names) -> str:
+    shown = ", ".join(printable(name)[:40] for name in list(names)[:4])
+    more = f", ... ({len(names)} in all)" if len(names) > 4 else ""
+    return f"{len(names)} class{'es' if len(names) != 1 else ''}: {shown}{more}"
+
+
 def _set_determinism(config: TrainConfig, device: torch.device) -> None:
     if config.deterministic:
         # cuBLAS needs a fixed workspace to be deterministic; it reads this at CUDA init.
@@ -288,8 +328,11 @@ def restore_modules(run: Run, state: dict) -> None:
     try:
         run.model.load_state_dict(state["model"])
     except RuntimeError as exc:
-        raise TrainError(f"--resume: the checkpoint does not fit model {run.config.model} "
-                         f"({str(exc).splitlines()[0]})") from None
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise _does_not_fit(run.config, run.run_dir,
+                            printable(state["config"].get("data", "its dataset")),
+                            run.num_classes, lines[-1][:160] if lines else type(exc).__name__
+                            ) from None
     engine = run.engine
     try:
         engine.optimizer.load_state_dict(state["optimizer"])
@@ -301,6 +344,20 @@ def restore_modules(run: Run, state: dict) -> None:
             run.ema.load_state_dict(state["ema"])
     except ckpt.RESTORE_ERRORS as exc:
         raise ckpt.damaged(ckpt.checkpoint_path(run.run_dir), exc) from None
+
+
+def _misfit(model: nn.Module, saved: dict) -> str | None:
+    """The first tensor of the checkpoint's `saved` model state that does not fit `model`, in
+    a few words (load_state_dict's message starts with a line that names none); None if all
+    fit."""
+    current = model.state_dict()
+    for name, value in saved.items():
+        if name in current and isinstance(value, torch.Tensor) and \
+                value.shape != current[name].shape:
+            return (f"{printable(name)[:80]} is {list(value.shape)} in the checkpoint, "
+                    f"{list(current[name].shape)} here")
+    missing = [name for name in current if name not in saved]
+    return f"the checkpoint has no {printable(missing[0])[:80]}" if missing else None
 
 
 def _check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

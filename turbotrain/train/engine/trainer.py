@@ -113,7 +113,8 @@ class Trainer:
             self.pipeline_state = None
         iterator = iter(pipeline)
         self._reset_timing_window()
-        self.monitor.epoch_started(c.step)
+        if c.micro_in_epoch == 0:  # not a resume mid-epoch: the monitor marks that apart
+            self.monitor.epoch_started(c.step)
         while c.micro_in_epoch < micro_total:
             try:
                 with self.monitor.waiting():
@@ -293,17 +294,23 @@ class Trainer:
             self._diverged(f"the weights became non-finite (nan/inf) by step {c.step}")
         if self.main:
             counters = dataclasses.replace(c, wall_seconds=self.elapsed())
-            ckpt.save_atomic(checkpoint_state(run, counters, self.ledger, self.loss_window),
+            ckpt.save_atomic(checkpoint_state(run, counters, self.ledger, self.loss_window,
+                                              self.monitor.timeline.state_dict()),
                              ckpt.checkpoint_path(run.run_dir))
         c.last_checkpoint_step = c.step
         barrier(run.env)
         self._reset_timing_window()
 
     def _restore(self, state: dict) -> None:
-        """Counters, timing ledger, RNG, loss window and pipeline position (the modules were
-        restored when the run was built); metrics logged after the checkpoint are dropped."""
+        """Counters, timing ledger, timeline, RNG, loss window and pipeline position (the
+        modules were restored when the run was built); metrics logged after the checkpoint are
+        dropped."""
         self.counters, self.ledger, self.loss_window, self.pipeline_state = restore_state(
             self.run, state)
+        try:
+            self.monitor.resumed(state.get("timeline"), self.counters.step)
+        except ckpt.RESTORE_ERRORS as exc:
+            raise ckpt.damaged(ckpt.checkpoint_path(self.run.run_dir), exc) from None
         self.length.apply(self.counters)  # the length --time-budget fitted, and its schedule
         self.metrics.truncate_after(self.counters.step, self.counters.epoch)
 

@@ -86,7 +86,7 @@ def _check_peak_lrs(optimizer: torch.optim.Optimizer) -> None:
 
 
 def checkpoint_state(run: Run, counters: Counters, ledger: StepLedger,
-                     loss_window: torch.Tensor) -> dict:
+                     loss_window: torch.Tensor, timeline: dict) -> dict:
     """Everything a resumed run needs, as checkpoint.save_atomic writes it (rank 0)."""
     engine = run.engine
     pipeline_state = {**run.train_pipeline.state_dict(), "epoch": counters.epoch,
@@ -100,9 +100,11 @@ def checkpoint_state(run: Run, counters: Counters, ledger: StepLedger,
         "pipeline": pipeline_state,
         "counters": dataclasses.asdict(counters),
         "timing": ledger.state_dict(),
+        "timeline": timeline,  # records/timeline.py: the picture covers the whole run
         "loss_window": loss_window.detach().cpu().clone(),
         "config": run.config.to_saved_dict(),
         "world_size": run.env.world_size,
+        "classes": list(run.classes),  # a --resume on other data is refused (builder.py)
     }
 
 

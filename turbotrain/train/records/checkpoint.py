@@ -44,8 +44,10 @@ FORMAT_VERSION = 1  # bump when the checkpoint's keys change meaning
 # (schedule.lr_at) also hold a "scheduler" entry, which is not read: they resume as they are.
 _TOP_LEVEL = {"format_version": int, "model": dict, "optimizer": dict, "scaler": dict,
               "ema": (dict, type(None)), "rng": dict, "pipeline": dict, "counters": dict,
-              "timing": dict, "loss_window": torch.Tensor, "config": dict, "world_size": int}
-_OPTIONAL = {"ema", "world_size", "timing"}
+              "timing": dict, "loss_window": torch.Tensor, "config": dict, "world_size": int,
+              "timeline": dict, "classes": list}
+# Entries a checkpoint written before them does not hold.
+_OPTIONAL = {"ema", "world_size", "timing", "timeline", "classes"}
 
 # Errors that restoring a damaged or foreign checkpoint's values raises (load_state_dict,
 # Counters(**...), np.random.set_state, ...); callers turn them into `damaged(...)`.

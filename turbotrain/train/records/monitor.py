@@ -71,6 +71,14 @@ class RunMonitor:
     def epoch_started(self, step: int) -> None:
         self.timeline.mark_epoch(step + 1)
 
+    def resumed(self, saved_timeline: dict | None, step: int) -> None:
+        """A run resumed after optimizer step `step`: the timeline its checkpoint saved (None:
+        a checkpoint from before timelines were saved) continues, marked where it resumed.
+        Raises TypeError/ValueError for a saved timeline that is not one `state_dict` wrote."""
+        if saved_timeline is not None:
+            self.timeline.load_state_dict(saved_timeline)
+        self.timeline.mark_resume(step + 1)
+
     # ------------------------------------------------------------------ windows
 
     def reset_window(self) -> None:

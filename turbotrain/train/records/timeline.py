@@ -1,11 +1,14 @@
 """RUNDIR/timeline.png: per-step data wait vs compute, stacked, over the whole run.
 
 A stall (the loader refilling at an epoch start, a slow disk, a checkpoint's page-cache
-eviction) shows up as a red spike above the blue compute band. Epoch starts are dotted lines.
+eviction) shows up as a red spike above the blue compute band. Epoch starts are dotted lines,
+the step a resumed run continued from a dashed one.
 
 Memory stays bounded on long runs: at most MAX_POINTS buckets are kept; when full, neighbours
 merge (each bucket then averages twice as many steps), so a 1 M-step run costs the same few
-hundred KB as a 4 k-step one. A resumed run's timeline covers the steps of its own process.
+hundred KB as a 4 k-step one. The buckets are saved in each checkpoint under "timeline"
+(`state_dict`, ~130 KB when full), so a resumed run appends to them and its picture covers the
+whole run; a checkpoint from before that holds none, and the picture then starts at the resume.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class StepTimeline:
         self.compute = array("d")
         self.counts = array("q")
         self.epoch_starts: list[int] = []  # step numbers
+        self.resumes: list[int] = []  # the first step of each resumed process
         self.profiled: tuple[int, int] | None = None  # (first, last) profiled step
         self.stopped: tuple[int, str] | None = None  # (step, why): --target-accuracy, --time-budget
 
@@ -66,6 +70,45 @@ class StepTimeline:
         if not self.epoch_starts or self.epoch_starts[-1] != step:
             self.epoch_starts.append(step)
 
+    def mark_resume(self, step: int) -> None:
+        self.resumes.append(step)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        """Plain lists and numbers: what torch.load(weights_only=True) reads back."""
+        return {"per_bucket": self.per_bucket, "first_step": list(self.first_step),
+                "data_wait": list(self.data_wait), "compute": list(self.compute),
+                "counts": list(self.counts), "epoch_starts": list(self.epoch_starts),
+                "resumes": list(self.resumes),
+                "profiled": list(self.profiled) if self.profiled is not None else None}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """From `state_dict()`'s output, each value checked (TypeError/ValueError otherwise:
+        the caller reports a damaged checkpoint). Capped at MAX_POINTS, as `add` keeps it."""
+        per_bucket = saved["per_bucket"]
+        columns = [saved[name] for name in ("first_step", "data_wait", "compute", "counts")]
+        marks = [saved["epoch_starts"], saved["resumes"]]
+        profiled = saved["profiled"]
+        if type(per_bucket) is not int or per_bucket < 1:
+            raise ValueError(f"timeline per_bucket is {per_bucket!r:.60}")
+        if not all(isinstance(c, list) for c in columns + marks) or \
+                len({len(c) for c in columns}) != 1 or len(columns[0]) > self.max_points:
+            raise ValueError("timeline columns are not lists of one length up to "
+                             f"{self.max_points}")
+        if profiled is not None and not (isinstance(profiled, list) and len(profiled) == 2):
+            raise ValueError(f"timeline profiled is {profiled!r:.60}")
+        typecodes = ("q", "d", "d", "q")
+        loaded = [array(code, values) for code, values in zip(typecodes, columns)]  # TypeError
+        if any(n < 1 for n in loaded[3]) or not all(t >= 0 for t in loaded[1] + loaded[2]):
+            raise ValueError("timeline holds negative times or empty buckets")
+        self.per_bucket = per_bucket
+        self.first_step, self.data_wait, self.compute, self.counts = loaded
+        self.epoch_starts, self.resumes = (list(array("q", m)) for m in marks)
+        self.profiled = tuple(array("q", profiled)) if profiled is not None else None
+
+    # ------------------------------------------------------------------ the picture
+
     def plot(self, path: str | Path, title: str = "") -> Path | None:
         """Writes the picture; None when no timed step was recorded."""
         if not self.counts:
@@ -89,6 +132,9 @@ class StepTimeline:
                         label="forward + backward + step")
         for i, step in enumerate(self.epoch_starts):
             ax.axvline(step, color="0.4", ls=":", lw=1, label="epoch start" if i == 0 else None)
+        for i, step in enumerate(self.resumes):
+            ax.axvline(step, color="C4", ls="--", lw=1.5,
+                       label="resumed (--resume)" if i == 0 else None)
         if self.profiled is not None:
             ax.axvspan(self.profiled[0], self.profiled[1] + 1, color="C2", alpha=0.15,
                        label="profiled (--profile)")
