@@ -44,17 +44,19 @@ def installed_engines() -> frozenset[str]:
 
 def why_unavailable(name: str, *, registered, installed, device_type: str,
                     resident_need: int, budget: tuple[int, str],
-                    num_shards: int = 1) -> str | None:
+                    num_shards: int = 1, named: bool = False) -> str | None:
     """Why `name` cannot be used, or None when it looks usable: a pure function of the facts
     and of its declared capabilities (`budget`: what resident.memory_budget or budget_of says
-    for the store of `resident_need` bytes; `num_shards`: the split's)."""
+    for the store of `resident_need` bytes; `num_shards`: the split's). `named`: asked for by
+    name (`--pipeline NAME`), where a pipeline with a `cpu_path` runs off CUDA too; auto's
+    question is the other (it takes such a pipeline only on CUDA)."""
     if name not in registered:
         return f"{name} is not registered"
     declared = capabilities(name)
     if declared.holds_decoded_split and resident_need > budget[0]:
         return f"the decoded split needs {resident_need / 2**30:.2f} GiB, over the " \
                f"resident budget of {budget[0] / 2**30:.2f} GiB ({budget[1]})"
-    if declared.needs_cuda and device_type != "cuda":
+    if declared.needs_cuda and device_type != "cuda" and not (named and declared.cpu_path):
         return declared.needs_cuda
     if declared.package is not None and name not in installed:
         return f"{declared.package.distribution} is not installed"

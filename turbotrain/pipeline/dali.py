@@ -51,6 +51,7 @@ INSTALL_HINT = "install with: pip install 'turbotrain[dali]'"
 # asked for by name but is no reason to pick it.
 CAPABILITIES = Capabilities(
     preference=20, needs_cuda="DALI's GPU decode needs a CUDA device", decodes_on_gpu=True,
+    cpu_path="DALI's CPU-only decode, libjpeg-turbo on CPU threads",
     package=OptionalPackage(module="nvidia.dali", distribution="nvidia-dali", label="DALI"))
 
 

@@ -52,8 +52,11 @@ class Capabilities:
     tests' in-memory pipelines register with them)."""
     # Its place in auto's order of preference, lowest first; None: never picked by auto.
     preference: int | None = None
-    # Why it runs only on a CUDA device, in auto's words; None: it runs on any device.
+    # Why auto takes it only on a CUDA device, in auto's words; None: on any device.
     needs_cuda: str | None = None
+    # How it still runs off CUDA when asked for by name (`--pipeline NAME`), in a few words;
+    # None: it needs CUDA then too. `info` says both: usable by name, skipped by auto.
+    cpu_path: str | None = None
     # It decodes the images on the GPU: the doctor offers it to JPEG-bound CUDA runs.
     decodes_on_gpu: bool = False
     package: OptionalPackage | None = None  # what it imports when built, if not always there
@@ -69,6 +72,9 @@ class Capabilities:
     # It makes its batches in the training process between steps, with no loader workers
     # beside the model: torch gets every core, and there are no workers to tune.
     loads_in_process: bool = False
+    # Seconds the first batch of it in a process waits beyond a steady one (FFCV: numba
+    # compiles its pipeline): `tune` starts a first row of it only when that fits its budget.
+    first_batch_seconds: float = 0.0
 
 
 class _Registered(NamedTuple):

@@ -261,6 +261,22 @@ def test_the_opened_pipeline_sets_the_schedule_and_the_threads():
              Observed(pipeline=OpenedPipeline("pytorch", 1, 1)))
 
 
+def test_workers_asked_for_beside_a_pipeline_that_loads_in_process_are_said():
+    """--workers 2 with resident (which makes its batches in the training process) ran with 0
+    workers beside the model and said only "0 pipeline workers": the threads line now says
+    where the 2 went (resident decodes the split with them once), with --threads too."""
+    for threads, torch_threads in ((None, 2), (1, 1)):
+        p = plan(TrainConfig(data="DATA", workers=2, threads=threads), CIFAR, CPU2)
+        assert p.config.pipeline == "resident" and _threads(p) == (0, torch_threads)
+        assert p.budget.workers == 2  # what the pipeline is opened with: its loading threads
+        line = p.lines["threads"]
+        assert line.startswith("0 pipeline workers") and "--workers 2 are used only while " \
+            "the resident pipeline loads" in line, line
+        assert "no worker runs beside the model" in line
+    streaming = plan(TrainConfig(data="DATA", workers=1, pipeline="pytorch"), CIFAR, CPU2)
+    assert _threads(streaming) == (1, 1) and "--workers" not in streaming.lines["threads"]
+
+
 def test_each_rank_plans_its_own_gpu():
     rank3 = dataclasses.replace(NODE_TORCHRUN, local_rank=3)
     assert str(plan(TrainConfig(data="DATA"), IMAGENET, rank3).device) == "cuda:3"

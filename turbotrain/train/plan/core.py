@@ -333,13 +333,21 @@ def _threads(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine
     budget = split_cores(device, cores=machine.cores_per_rank, workers=config.workers,
                          threads=config.threads, jpeg_fraction=facts.jpeg_fraction)
     threads = budget
+    opened = observed.pipeline
+    # Before opening: a pipeline that makes its batches in the training process leaves
+    # torch every core (its `cpu_workers` is 0: resident.py says why).
+    used = (opened.cpu_workers if opened is not None else
+            0 if capabilities(pipeline).loads_in_process else None)
     if config.threads is None:
-        opened = observed.pipeline
-        # Before opening: a pipeline that makes its batches in the training process leaves
-        # torch every core (its `cpu_workers` is 0: resident.py says why).
-        used = (opened.cpu_workers if opened is not None else
-                0 if capabilities(pipeline).loads_in_process else None)
         threads = after_pipeline(budget, used, pipeline, device)
+    elif used is not None and used < budget.workers:  # both asked for: torch's stays
+        threads = dataclasses.replace(budget, workers=used)
+    if config.workers is not None and used is not None and used < config.workers:
+        # Said, not silent: the workers asked for are not where the user thinks they are.
+        threads = dataclasses.replace(threads, reason=(
+            f"--workers {config.workers} are used only while the {pipeline} pipeline loads "
+            f"(it makes its batches in the training process, between steps); no worker runs "
+            f"beside the model, so torch has {threads.torch_threads} of {threads.cores} cores"))
     d["threads"] = Decision(f"{threads.workers} pipeline workers + {threads.torch_threads} "
                             f"torch threads on {threads.cores} cores", threads.reason)
     return budget, threads

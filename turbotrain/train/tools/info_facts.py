@@ -116,22 +116,33 @@ def gpus(machine=None) -> list[dict]:
 
 
 def pipelines(planned, facts=None) -> dict[str, str]:
-    """name -> "usable" or why not, on the plan's machine and device (auto's own rule).
+    """name -> "usable" or why not, on the plan's machine and device, by auto's own rule
+    (auto.why_unavailable): asked for by name (`train --pipeline NAME`), and whether auto would
+    take it; they differ for a pipeline with a CPU path that auto takes only on CUDA (dali).
     Without a dataset, a pipeline that holds the decoded split (resident) states its budget."""
     machine, device = planned.machine, planned.device
     gpu = machine.gpu if device.type == "cuda" else None
     budget = budget_of(gpu.free if gpu is not None else machine.ram_bytes, device)
     status = {}
     for name in machine.pipelines:
-        if facts is None and capabilities(name).holds_decoded_split:
+        declared = capabilities(name)
+        if facts is None and declared.holds_decoded_split:
             status[name] = (f"usable when the decoded split fits in {budget[0] / 2**30:.1f} GiB "
                             f"({budget[1]})")
             continue
         need = facts.resident_bytes(planned.config.image_size) if facts is not None else 0
-        why_not = why_unavailable(name, registered=machine.pipelines,
-                                  installed=machine.installed, device_type=device.type,
-                                  resident_need=need, budget=budget)
-        status[name] = "usable" if why_not is None else f"unavailable: {why_not}"
+        verdicts = [why_unavailable(name, registered=machine.pipelines,
+                                    installed=machine.installed, device_type=device.type,
+                                    resident_need=need, budget=budget, named=named)
+                    for named in (True, False)]
+        by_name, by_auto = verdicts
+        if by_name is not None:
+            status[name] = f"unavailable: {by_name}"
+        elif by_auto is not None:
+            status[name] = (f"usable with --pipeline {name} ({declared.cpu_path}); auto skips "
+                            f"it here: {by_auto}")
+        else:
+            status[name] = "usable"
     return status
 
 

@@ -4,20 +4,26 @@
                     [--global-batch-size G] [--pipeline P ...] [--workers W ...]
                     [--budget-seconds 90] [--json]
 
---budget-seconds bounds steps 2 and 3; step 1 comes first and is not counted (on a GPU it is
-CUDA start-up, cuDNN autotuning and a few trial steps: seconds that a short budget would
-otherwise spend before the first pipeline is measured).
+--budget-seconds bounds the whole command, from the dataset opened to the report: every step
+below is paid from it, and a measurement starts only when what it costs at least (measured on
+the rows before it: building the pipeline, its warm-up batches, a few training steps) fits in
+what is left. On a GPU step 1 (CUDA start-up, cuDNN autotuning) can take a short budget whole;
+the report then says so and names train's own pick, unmeasured.
 
 1. The largest micro-batch that fits (batch_finder: real steps with OOM recovery on CUDA, an
    activation-memory estimate on CPU); with --global-batch-size, the largest divisor of it that
-   fits, and the accumulation that makes up the rest.
-2. Each usable pipeline x worker count, the loader alone (`bench.steady_rate`, images/s).
+   fits, and the accumulation that makes up the rest. Then the trainer's step is timed on
+   random pixels (its warm-up: oneDNN/cuDNN plans), which prices the model rows of step 3.
+2. Each usable pipeline x worker count, the loader alone (`bench.steady_rate`, images/s),
+   train's own pick (`train --pipeline auto`, the plan's) first.
 3. The fastest loader settings again with the model's training step: the trainer's own
    (loop.make_engine: the GradScaler under fp16, the fused optimizer on CUDA), eager (`train`
    may compile, which only speeds the compute side), timed by the trainer's own StepClock:
    images/s and the share of the step spent waiting for data. On CPU, torch gets the cores the
    workers leave.
-The best measured row becomes the recommended `train` command.
+The best measured row becomes the recommended `train` command; rows within the noise of it
+are ties, and train's own pick wins a tie, so tune names another pipeline only when it measured
+it faster, and says by how much (tune_report.py).
 """
 from __future__ import annotations
 
@@ -25,10 +31,11 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from turbotrain.datasets import DatasetError
 from turbotrain.pipeline import PipelineError, build_pipeline, pipeline_names
+from turbotrain.pipeline.registry import auto_order
 from turbotrain.pipeline.bench import endless, steady_rate
 
 from ..config.config import TrainConfig
@@ -41,25 +48,12 @@ from ..records.profiling import StepClock
 from ..step.device import apply_torch_threads
 from ..step.distributed import dist_env_from_environ
 from ..step.loop import StepSettings, make_engine
+from .tune_report import Row, against_pick, best_row, format_report, train_command
+from .tune_sweeps import (LOADER_BATCHES, MAX_MODEL_ROWS, MODEL_STEPS, WARMUP_BATCHES,
+                          loader_sweep, model_rows, model_sweep)
 
 PROG = "turbotrain tune"
 DEFAULT_BUDGET = 90.0  # seconds; a sweep of 3 pipelines x 4 worker counts fits comfortably
-LOADER_SHARE = 0.35  # of the budget: the loader-alone sweep; the model sweep gets the rest
-MAX_MODEL_ROWS = 6  # loader settings re-measured with the model step
-WARMUP_BATCHES = 2  # untimed: worker start-up, page cache, allocator, oneDNN plans
-# Run-to-run spread of a few-second images/s measurement on the shared 2-core dev box: ~3 %.
-NOISE = 0.03
-
-
-@dataclass
-class Row:
-    pipeline: str
-    workers: int
-    threads: int  # torch intra-op threads during the model step
-    loader_images_per_second: float | None = None
-    train_images_per_second: float | None = None
-    data_wait_fraction: float | None = None
-    note: str = ""
 
 
 def add_tune_arguments(p: argparse.ArgumentParser) -> None:
@@ -101,11 +95,12 @@ class Sweep:
     """Varies train's plan (plan/): the same model, image size, precision and batch rule as
     `train` on this machine, with the pipeline and the workers of each row."""
 
-    def __init__(self, args: argparse.Namespace, machine=None):
+    def __init__(self, args: argparse.Namespace, machine=None, started: float | None = None):
         import torch
 
-        self.started = self.sweep_started = time.perf_counter()
-        self.budget = max(1.0, args.budget_seconds)
+        self.started = time.perf_counter() if started is None else started
+        self.budget = args.budget_seconds
+        self.deadline = self.started + self.budget  # the whole command's (module docstring)
         self.dataset = open_split(args.data, "train")
         self.facts = DatasetFacts.of(self.dataset)
         self.machine = machine or Machine.detect(dist_env_from_environ())
@@ -125,6 +120,10 @@ class Sweep:
         self.args = args
         self.torch = torch
         self.torch_threads_before = torch.get_num_threads()
+        # pipeline -> seconds a row of it takes beside its timed ones (building the pipeline,
+        # its warm-up batches, closing it), measured as the sweep goes: what prices the next.
+        self.overhead: dict[str, float] = {}
+        self.crossed: str | None = None  # what ran past the deadline, for the report
 
     def row_plan(self, name: str, workers: int, opened=None):
         """train's plan with `--pipeline name --workers workers` (and, once it is open, what the
@@ -133,7 +132,18 @@ class Sweep:
                     self.machine, Observed(pipeline=opened))
 
     def seconds_left(self) -> float:
-        return self.budget - (time.perf_counter() - self.sweep_started)
+        return self.deadline - time.perf_counter()
+
+    def past_deadline(self, what: str, started: float) -> None:
+        """Notes the first step that ended past the deadline: a pipeline's first build (FFCV
+        compiles its pipeline, DALI builds its graph) can be measured, not foreseen."""
+        if self.crossed is None and self.seconds_left() < 0:
+            self.crossed = f"{what} took {time.perf_counter() - started:.1f} s"
+
+    @property
+    def pick(self) -> str:
+        """The pipeline `train --pipeline auto` takes here: the plan's."""
+        return self.plan.config.pipeline
 
     def build_model(self):
         return build_model(self.spec, self.dataset.num_classes, self.dataset.mean,
@@ -171,25 +181,30 @@ class Sweep:
                               image_size=self.image_size, device=self.device, workers=workers,
                               order=order)
 
-    def loader_rate(self, row: Row, batch: int, seconds: float, guess: float | None) -> float:
-        """Images/s of the pipeline alone; `guess` (images/s) sizes the timed batch count."""
+    def loader_rate(self, row: Row, batch: int, seconds: float, guess: float | None
+                    ) -> tuple[float, float]:
+        """(images/s of the pipeline alone, the seconds timed); `guess` (images/s) sizes the
+        timed batch count."""
         pipeline = self.build_pipeline(row.pipeline, row.workers, batch)
         try:
             if getattr(pipeline, "cpu_workers", None) == 0:
                 row.note = "no loader workers (loads in the training process)"
-            batches = 4 if guess is None else int(seconds * guess / batch)
-            batches = max(3, min(batches, 500))
+            batches = LOADER_BATCHES + 1 if guess is None else int(seconds * guess / batch)
+            batches = max(LOADER_BATCHES, min(batches, 500))
             self.torch.set_num_threads(1)  # like `bench`: the pipeline has its own threads
-            return steady_rate(pipeline, warmup=WARMUP_BATCHES, batches=batches,
+            rate = steady_rate(pipeline, warmup=WARMUP_BATCHES, batches=batches,
                                device=self.device)
+            return rate, batches * batch / rate
         finally:
             pipeline.close()
 
     # ------------------------------------------------------------------ 3. with the model
 
-    def train_rate(self, row: Row, engine, batch: int, seconds: float) -> None:
+    def train_rate(self, row: Row, engine, batch: int, seconds: float) -> float:
         """Images/s and the data-wait share of `engine`'s training steps (loop.make_engine:
-        the trainer's step) on the row's pipeline, timed by the trainer's StepClock."""
+        the trainer's step) on the row's pipeline, timed by the trainer's StepClock for
+        `seconds` (MODEL_STEPS at least, the command's deadline at most); returns the seconds
+        timed."""
 
         torch = self.torch
         pipeline = self.build_pipeline(row.pipeline, row.workers, batch)
@@ -219,7 +234,11 @@ class Sweep:
                 clock.computed(step)
                 if step > WARMUP_BATCHES:
                     images_done += labels.shape[0]
-                    if time.perf_counter() >= deadline and step >= WARMUP_BATCHES + 3:
+                    now = time.perf_counter()
+                    # The row's slice, MODEL_STEPS at least; the command's budget ends it
+                    # sooner (a step slower than priced: a loaded box, another thread count).
+                    if (now >= deadline and step >= WARMUP_BATCHES + MODEL_STEPS) or \
+                            now >= self.deadline:
                         break
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -229,6 +248,7 @@ class Sweep:
             pipeline.close()
         row.train_images_per_second = images_done / window.seconds
         row.data_wait_fraction = window.data_wait / window.seconds
+        return window.seconds
 
     def step_settings(self):
         """train's step for this plan (loop.StepSettings): its optimizer, precision, label
@@ -243,131 +263,83 @@ class Sweep:
         model = self.build_model().to(self.device, memory_format=settings.memory_format)
         return make_engine(model, settings)
 
+    def step_seconds(self, engine, batch: int) -> float:
+        """One training step's seconds at `batch` on random pixels, with train's own thread
+        split, after a warm-up step (oneDNN/cuDNN plans, the allocator): what prices a model
+        row. Past the deadline it stops after the first step, whose time (warm-up included)
+        then overstates a step: rows are skipped, not overrun."""
+        torch = self.torch
+        images = torch.randint(0, 256, (batch, 3, self.image_size, self.image_size),
+                               dtype=torch.uint8, device=self.device)
+        labels = torch.randint(0, self.dataset.num_classes, (batch,), device=self.device)
+        apply_torch_threads(self.plan.config.threads)
+        seconds = 0.0
+        for step in range(2):
+            started = time.perf_counter()
+            engine.micro_step(images, labels, will_step=True)
+            engine.optimizer_step(step)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            seconds = time.perf_counter() - started
+            if self.seconds_left() <= 0:
+                break
+        return seconds
+
     # ------------------------------------------------------------------ all of it
+
+    def rows(self) -> list[Row]:
+        """Each pipeline x worker count, train's own pick first (a short budget measures it
+        before the others)."""
+        names = list(self.args.pipeline or pipeline_names())
+        # Train's pick, then auto's order (the fallbacks train would take), then the rest.
+        order = [self.pick, *(name for name in auto_order() if name != self.pick)]
+        names.sort(key=lambda name: order.index(name) if name in order else len(order))
+        counts = self.args.workers or worker_counts(self.cores, self.device.type)
+        return [Row(name, w, self._threads_for(w)) for name in names for w in counts]
 
     def run(self, progress: bool) -> dict:
         from tqdm import tqdm
 
         plan = self.batch_plan()
-        self.sweep_started = time.perf_counter()  # the budget is the sweep's (module docstring)
         batch = plan["batch_size"]  # at most the split: the search limit is
-        names = self.args.pipeline or pipeline_names()
-        counts = self.args.workers or worker_counts(self.cores, self.device.type)
-        rows = [Row(name, w, self._threads_for(w)) for name in names for w in counts]
+        started = time.perf_counter()
+        engine = self.engine()
+        step = self.step_seconds(engine, batch)
+        self.past_deadline("building the model and timing its step", started)
+        rows = self.rows()
         bar = tqdm(total=len(rows) + min(len(rows), MAX_MODEL_ROWS), unit="test", file=sys.stderr,
                    disable=not progress, desc="tune")
-        loader_slice = max(0.3, LOADER_SHARE * self.seconds_left() / max(1, len(rows)))
-        guesses: dict[str, float] = {}
-        skip: set[str] = set()
-        for row in rows:
-            bar.update(1)
-            if row.pipeline in skip:
-                row.note = row.note or "skipped: worker count does not apply"
-                continue
-            if self.seconds_left() <= 0:
-                row.note = "skipped: out of time (raise --budget-seconds)"
-                continue
-            try:
-                row.loader_images_per_second = self.loader_rate(row, batch, loader_slice,
-                                                                guesses.get(row.pipeline))
-                guesses[row.pipeline] = row.loader_images_per_second
-                if row.note.startswith("no loader workers"):
-                    skip.add(row.pipeline)  # other worker counts would measure the same
-            except (PipelineError, ValueError) as exc:
-                row.note = f"unavailable: {exc}"
-                skip.add(row.pipeline)
-        measured = sorted((r for r in rows if r.loader_images_per_second),
-                          key=lambda r: -r.loader_images_per_second)[:MAX_MODEL_ROWS]
-        engine = self.engine()
         try:
-            for i, row in enumerate(measured):
-                bar.update(1)
-                left = self.seconds_left()
-                if left <= 0 and i > 0:
-                    row.note = "model step skipped: out of time"
-                    continue
-                self.train_rate(row, engine, batch,
-                                max(0.5, left / (len(measured) - i)))
+            loader_sweep(self, rows, batch, bar)
+            model_sweep(self, model_rows(rows, self.pick), engine, batch, step, bar)
         finally:
             bar.close()
             self.torch.set_num_threads(self.torch_threads_before)
-        best = _best(rows)
+        best = best_row(rows, self.pick)
+        chosen = best or Row(self.pick, self.plan.config.workers, self.plan.config.threads)
+        asked = {"model": self.spec.name if self.args.model != "auto" else None,
+                 "image-size": self.image_size if self.args.image_size else None,
+                 "precision": self.precision if self.args.precision != "auto" else None,
+                 "order": None if getattr(self.args, "order", "auto") == "auto"
+                 else self.args.order}
         return {"data": str(self.args.data), "images": len(self.dataset),
                 "device": str(self.device), "cores": self.cores, "model": self.spec.name,
                 "image_size": self.image_size, "precision": self.precision, **plan,
-                "seconds": time.perf_counter() - self.started,
+                "step_seconds": step, "budget_seconds": self.budget,
+                "seconds": time.perf_counter() - self.started, "past_budget": self.crossed,
                 "rows": [asdict(r) for r in rows],
                 "best": asdict(best) if best else None,
-                "command": self.command(best, plan) if best else None}
+                "train_pick": {"pipeline": self.pick, "reason": self.plan["pipeline"].reason},
+                "differs": against_pick(best, rows, self.pick),
+                "command": train_command(self.args.data, chosen, plan,
+                                         device_type=self.device.type, asked=asked)}
 
     def _threads_for(self, workers: int) -> int:
         return self.row_plan("auto", workers).budget.torch_threads
 
-    def command(self, best: Row, plan: dict) -> str:
-        parts = ["turbotrain train", f"--data {self.args.data}", f"--pipeline {best.pipeline}",
-                 f"--workers {best.workers}"]
-        if self.device.type == "cpu":
-            parts.append(f"--threads {best.threads}")
-        if self.args.model != "auto":
-            parts.append(f"--model {self.spec.name}")
-        if self.args.image_size:
-            parts.append(f"--image-size {self.image_size}")
-        if self.args.precision != "auto":
-            parts.append(f"--precision {self.precision}")
-        if getattr(self.args, "order", "auto") != "auto":
-            parts.append(f"--order {self.args.order}")
-        parts.append(f"--batch-size {plan['batch_size']}")
-        if plan["accum_steps"] > 1:
-            parts.append(f"--accum-steps {plan['accum_steps']}")
-        return " ".join(parts)
-
-
-def _best(rows: list[Row]) -> Row | None:
-    """The fastest with the model; rows within NOISE of it are ties, broken by the lower data
-    wait (more headroom when the model gets faster: bf16, compile) and then fewer workers."""
-    timed = [r for r in rows if r.train_images_per_second]
-    if not timed:
-        return None
-    fastest = max(r.train_images_per_second for r in timed)
-    ties = [r for r in timed if r.train_images_per_second >= (1 - NOISE) * fastest]
-    return min(ties, key=lambda r: (r.data_wait_fraction or 0.0, r.workers))
-
-
-# ---------------------------------------------------------------------------- output
-
-def format_report(result: dict) -> str:
-    lines = [f"tune {result['data']}: {result['images']} images, {result['model']} at "
-             f"{result['image_size']} px, {result['precision']}, {result['device']} "
-             f"({result['cores']} cores), {result['seconds']:.0f} s",
-             f"largest micro-batch that fits: {result['largest_fitting']}"
-             + (" (the search limit)" if result["largest_fitting"] >= result["search_limit"]
-                else "") + f"; {result['how']}",
-             "",
-             f"{'pipeline':<12} {'workers':>7} {'threads':>7} {'loader img/s':>13} "
-             f"{'train img/s':>12} {'data wait':>10}  note"]
-    for r in result["rows"]:
-        loader = r["loader_images_per_second"]
-        train = r["train_images_per_second"]
-        wait = r["data_wait_fraction"]
-        lines.append(f"{r['pipeline']:<12} {r['workers']:>7} {r['threads']:>7} "
-                     f"{f'{loader:,.0f}' if loader else '-':>13} "
-                     f"{f'{train:,.0f}' if train else '-':>12} "
-                     f"{f'{wait:.0%}' if wait is not None else '-':>10}  {r['note']}")
-    lines.append("")
-    timed = [r for r in result["rows"] if r["train_images_per_second"]]
-    if len(timed) > 1:
-        rates = [r["train_images_per_second"] for r in timed]
-        if max(rates) < 1.1 * min(rates) and all(r["data_wait_fraction"] < 0.2 for r in timed):
-            lines.append("every loader keeps up (within 10 %, < 20 % data wait): the model step "
-                         "is the limit here; see `turbotrain info` for precision/compile")
-    if result["command"]:
-        lines.append(f"recommended: {result['command']}")
-    else:
-        lines.append("no setting could be measured with the model; raise --budget-seconds")
-    return "\n".join(lines)
-
 
 def run_tune(args: argparse.Namespace) -> int:
+    started = time.perf_counter()  # --budget-seconds counts from here (module docstring)
     if args.budget_seconds <= 0 or (args.global_batch_size is not None
                                     and args.global_batch_size < 1):
         print(f"{PROG}: error: --budget-seconds and --global-batch-size must be positive",
@@ -375,7 +347,7 @@ def run_tune(args: argparse.Namespace) -> int:
         return 2
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     try:
-        result = Sweep(args).run(progress)
+        result = Sweep(args, started=started).run(progress)
     except (TrainError, DatasetError, PipelineError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
