@@ -49,6 +49,30 @@ def test_centre_crop_box():
         augment.centre_crop(np.array([10]), np.array([10]), 1.5)
 
 
+@pytest.mark.parametrize("size, h, w", [(224, 375, 500), (224, 600, 300), (64, 480, 640),
+                                         (16, 90, 70)])
+def test_the_stated_eval_rule_is_the_centre_crop(size, h, w):
+    """The rule the card and the README state ("resize the shorter side to S / 0.875, then
+    the centre S x S crop") is the box centre_crop takes: mapped back to the stored image, the
+    S x S crop of the resized image is that box, within the rounding of S / 0.875 and a
+    pixel."""
+    from turbotrain.pipeline.base import PipelineOptions
+    ratio = PipelineOptions.crop_ratio
+    rule = augment.eval_rule(size, ratio)
+    resized = round(size / ratio)
+    assert f"resize the shorter side to {resized} px" in rule["photos"]
+    assert f"centre {size}x{size} crop" in rule["photos"]
+    assert f"at most {augment.SMALL_IMAGE_MAX_SIDE} px: resize to {size}x{size}, no crop" in \
+        rule["small images"]
+    scale = resized / min(h, w)  # resized image px per stored px
+    side = size / scale
+    close = 1 + side * 0.5 / resized
+    box = augment.centre_crop(np.array([h]), np.array([w]), ratio)
+    assert abs(box.height[0] - side) <= close and abs(box.width[0] - side) <= close
+    assert abs(box.top[0] - (h - side) / 2) <= close
+    assert abs(box.left[0] - (w - side) / 2) <= close
+
+
 def test_pad_crop_offsets_stay_within_the_padding():
     boxes = augment.pad_crop(0, 0, np.arange(2000), 32, 4)
     assert boxes.top.min() == -4 and boxes.top.max() == 4

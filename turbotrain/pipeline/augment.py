@@ -215,6 +215,20 @@ def centre_crop(heights: np.ndarray, widths: np.ndarray, crop_ratio: float) -> C
                      np.zeros(len(h_img), dtype=bool))
 
 
+def eval_rule(image_size: int, crop_ratio: float) -> dict[str, str]:
+    """The evaluation families' rule in words, as `eval`, `predict` and an exported model's card
+    state it (what CENTRE_CROP and IDENTITY compute, above and in crop_boxes)."""
+    resized = round(image_size / crop_ratio)
+    return {
+        "photos": f"longest side over {SMALL_IMAGE_MAX_SIDE} px: resize the shorter side to "
+                  f"{resized} px (image_size / {crop_ratio:g}), then take the centre "
+                  f"{image_size}x{image_size} crop (torchvision: Resize({resized}), "
+                  f"CenterCrop({image_size})); predict resizes with an area filter when "
+                  "shrinking 2x or more, bilinear otherwise",
+        "small images": f"longest side at most {SMALL_IMAGE_MAX_SIDE} px: resize to "
+                        f"{image_size}x{image_size}, no crop"}
+
+
 def pad_crop(seed: int, epoch: int, indices: np.ndarray, image_size: int,
              padding: int) -> CropBoxes:
     """A random `image_size` square from the image padded by `padding`, plus a flip bit.

@@ -268,6 +268,35 @@ def test_export_reproduces_the_eager_logits(fashion, cli, tmp_path, fmt):
                                   atol=1e-4 * max(1.0, float(expected.abs().max())))
 
 
+def test_the_exported_card_states_the_preprocessing(fashion, tmp_path):
+    """The card had mean/std and classes but not the resize/crop rule, and a naive resize of a
+    photo gives other predictions: export (the real command, in a child process) prints the
+    rule and writes it in the file's card, and the weights files' cards hold it too."""
+    from tests.datasets.cli_run import cli as run_cli
+    from turbotrain.pipeline import augment
+    from turbotrain.pipeline.base import PipelineOptions
+    _, run, _ = fashion
+    out = tmp_path / "model.pt"
+    done = run_cli("export", "--run", run, "--format", "torchscript", "--out", out)
+    assert done.returncode == 0, done.stderr
+    rule = augment.eval_rule(28, PipelineOptions.crop_ratio)
+    assert rule["photos"].startswith("longest side over 64 px: resize the shorter side to "
+                                     "32 px (image_size / 0.875), then take the centre 28x28 "
+                                     "crop")
+    assert f"{rule['photos']}; {rule['small images']}" in done.stdout
+    files = {"card.json": ""}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated
+        torch.jit.load(str(out), _extra_files=files)
+    card = json.loads(files["card.json"])
+    assert card["preprocessing"]["photos"] == rule["photos"]
+    assert card["preprocessing"]["small images"] == rule["small images"]
+    assert "do not normalise" in card["preprocessing"]["input"]
+    assert "shrunk to 512" in card["preprocessing"]["stored"]
+    _, best = load_classifier(run)
+    assert json.loads(best.to_json())["preprocessing"] == card["preprocessing"]
+
+
 def test_export_fails_in_one_line_above_the_tolerance(fashion, cli, tmp_path, monkeypatch):
     from turbotrain.train.use import export
     real = export.EXPORTERS["torchscript"]

@@ -9,6 +9,9 @@ pixels, NCHW (batch, 3, S, S) with S the card's image_size, prepared as `predict
 image (prepare-dataset's storage, then the eval centre crop or, for <= 64 px images, a resize),
 any batch size; the output is float32 logits (batch, classes). Normalisation is inside.
 
+The card (in every format) also states that preparation under "preprocessing" (weights.py:
+the resize and centre-crop rule of pipeline/augment.eval_rule), and export prints it.
+
 * safetensors: the weights and the card (model, classes, image size, mean/std): what `eval`,
   `predict` and `train --init-from` read. Tensors only: loading it runs no code.
 * torchscript: `torch.jit.trace` (PyTorch deprecates TorchScript; prefer ONNX for new
@@ -130,6 +133,9 @@ def _run(args: argparse.Namespace) -> int:
                     f"[batch, {card.num_classes}]"))
     print(printable(f"checked on {where}: largest |logit difference| {difference:.3g} "
                     f"(tolerance {tolerance:.3g})"))
+    rule = card.preprocessing  # also in the file's card, under "preprocessing"
+    print(printable(f"preprocessing (the card's \"preprocessing\"): {rule['photos']}; "
+                    f"{rule['small images']}; {rule['input']}"))
     return 0
 
 

@@ -24,6 +24,8 @@ from turbotrain.datasets.beton.dataset_json import MAX_CLASS_NAME_CHARS
 from turbotrain.datasets.beton.layout import MAX_CLASSES
 from turbotrain.files.safe_create import replacing_path
 from turbotrain.files.untrusted import UnsafeInput, open_regular
+from turbotrain.pipeline.augment import eval_rule
+from turbotrain.pipeline.base import PipelineOptions
 from turbotrain.printable import printable
 
 from ..config.model_args import check_model_kwargs
@@ -59,8 +61,15 @@ class ModelCard:
     def num_classes(self) -> int:
         return len(self.classes)
 
+    @property
+    def preprocessing(self) -> dict[str, str]:
+        """How an image becomes the model's input, as eval and predict make it: written in
+        every card (from the code's own rule, so it cannot drift; never read back)."""
+        return preprocessing(self.image_size)
+
     def to_json(self) -> str:
-        return json.dumps({"format": WEIGHTS_FORMAT, **asdict(self)}, separators=(",", ":"))
+        return json.dumps({"format": WEIGHTS_FORMAT, **asdict(self),
+                           "preprocessing": self.preprocessing}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str, path: Path) -> ModelCard:
@@ -115,6 +124,20 @@ class ModelCard:
                 for k, v in info.items())):
             raise bad(f"info is not a mapping of at most {MAX_INFO_ITEMS} plain values")
         return cls(model, tuple(classes), size, stats["mean"], stats["std"], kwargs, info)
+
+
+def preprocessing(image_size: int) -> dict[str, str]:
+    """The input rule of a model trained at `image_size` (pipeline/augment.eval_rule, with the
+    pipelines' crop ratio and prepare-dataset's default storage): a naive resize of the whole
+    image to image_size x image_size gives other predictions."""
+    # lazy: the converter's imports (multiprocessing, the sources) stay out of loading weights
+    from turbotrain.datasets.prepare.convert import PrepareOptions
+    stored = PrepareOptions()
+    return {"input": f"uint8 RGB, NCHW [batch, 3, {image_size}, {image_size}]; do not "
+                     "normalise: the model applies the card's mean/std itself",
+            "stored": f"EXIF rotation applied, a longest side over {stored.max_side} px "
+                      f"shrunk to {stored.max_side} (prepare-dataset's default --max-side)",
+            **eval_rule(image_size, PipelineOptions.crop_ratio)}
 
 
 def _plain_info(value) -> bool:
