@@ -4,6 +4,7 @@
     from turbotrain.datasets import open_dataset
     ds = open_dataset("OUT", split="train")
     len(ds), ds.classes, ds.labels, ds.read(i), ds.image(i)
+    image, label = ds[i]          # a map-style dataset: torch's DataLoader takes `ds` as it is
 
 Top first, a folder's module-level imports only go down this list: prepare/ (SOURCE -> OUT),
 sources/ (what a SOURCE holds), remote/ (a dataset in object storage), beton/ (the format, its

@@ -169,6 +169,46 @@ def test_samples_never_cross_pages(tmp_path):
     assert (b.data_ptrs % b.page_size == 0).sum() == 3
 
 
+def test_a_split_is_a_map_style_dataset_for_torch_dataloader(tmp_path):
+    """split[i] is (decoded image, label), so torch's DataLoader indexes a split as it is, in
+    worker processes too (the split pickles without its maps); past the end is IndexError."""
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "raw.beton"
+    images = [np.full((8, 8, 3), 10 * i, np.uint8) for i in range(6)]
+    with BetonWriter(path, capacity=6) as w:
+        for i, image in enumerate(images):
+            w.append(layout.MODE_RAW, 8, 8, image.tobytes(), i)
+    ds = open_dataset(path)
+    image, label = ds[2]
+    assert np.array_equal(image, images[2]) and label == 2
+    assert ds[-1][1] == 5
+    with pytest.raises(IndexError, match="sample 6 out of range"):
+        ds[6]
+    loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2)
+    batches = list(loader)
+    assert [b[1].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5]]
+    assert batches[1][0].shape == (3, 8, 8, 3) and batches[1][0].dtype == torch.uint8
+    assert int(batches[1][0][2, 0, 0, 0]) == 50
+
+
+def test_pages_start_after_the_metadata_and_the_file_ends_after_the_last_sample(tmp_path):
+    """Page k is bytes [k x P, (k+1) x P): the first is the rest of the page the metadata ends
+    in, a sample that does not fit there opens the next whole page, and the allocation table
+    follows the last sample (no page-sized padding at either end)."""
+    path = tmp_path / "small.beton"
+    payload = bytes(700_000)
+    with BetonWriter(path, capacity=4, page_size=layout.MIN_PAGE_SIZE) as w:
+        for _ in range(4):  # 2 fit beside the metadata in page 0, 2 in page 1
+            w.append(layout.MODE_RAW, 1000, 233, payload[:699_000], 0)
+    b = BetonFile(path)
+    page = layout.MIN_PAGE_SIZE
+    assert int(b.data_ptrs[0]) == b.metadata_end  # right after the metadata
+    assert (b.data_ptrs // page).tolist() == [0, 0, 1, 1]
+    assert int(b.data_ptrs[2]) == page
+    assert b.alloc_table_ptr == page + 2 * 699_000 == path.stat().st_size - 4 * 24
+    assert bytes(b.payload(3)) == payload[:699_000]
+
+
 def test_wrong_version_and_not_a_dataset(tmp_path, mixed_file):
     path, _, _ = mixed_file
     data = bytearray(path.read_bytes())

@@ -57,6 +57,23 @@ def test_imagefolder_jpeg_round_trip_and_pass_through(photo_folder, tmp_path):
         assert info["classes"][label] == path.parent.name
 
 
+def test_a_small_split_is_about_its_images_size(photo_folder, tmp_path):
+    """60 small JPEGs made 16 MB .beton files (the data started on the next 8 MiB page and the
+    last page was whole): now the first page is the rest of the one the metadata ends in and
+    the file ends after the last sample, so each file is its images plus a few KB."""
+    from turbotrain.datasets import BetonFile
+    out = tmp_path / "ds"
+    cli("prepare", photo_folder, out, check=0)
+    for split in ("train", "val"):
+        beton = BetonFile(out / f"{split}.beton")
+        payload = int(beton.sizes.sum())
+        overhead = (out / f"{split}.beton").stat().st_size - payload
+        assert 0 < overhead < 64 * 1024, (split, payload, overhead)  # header, tables: ~3 KB
+        pages = beton.data_ptrs // beton.page_size  # still: no sample crosses a page
+        assert (pages == (beton.data_ptrs + beton.sizes - 1) // beton.page_size).all()
+    assert "20 images" in cli("inspect", out, check=0).stdout
+
+
 def test_workers_start_after_cv2_used_its_thread_pool(photo_folder, tmp_path):
     """A program that used cv2's thread pool (here: drawing images, as bench_pipelines.py does
     before preparing them) then prepares with 2 workers: forked workers that set their own cv2

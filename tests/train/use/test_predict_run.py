@@ -1,6 +1,7 @@
-"""`predict --run` / `eval --run` take the run's precision only where it is not emulated: a bf16
-run predicted on a CPU without native bf16 runs in fp32 (3-6x faster there) and says so; bf16
-asked for is kept, with a warning (issue 36, item 3)."""
+"""`predict --run` on a small run (issue 36): the run's precision is taken only where it is not
+emulated (a bf16 run predicted on a CPU without native bf16 runs in fp32, 3-6x faster there,
+and says so; bf16 asked for is kept, with a warning), and a CSV list may name files by absolute
+path."""
 from __future__ import annotations
 
 import numpy as np
@@ -55,3 +56,18 @@ def test_an_emulated_precision_asked_for_is_kept_with_a_warning(cli, bf16_run, m
             "CPU has no native bf16 (avx512_bf16/amx_bf16); use --precision auto or fp32"
             in err.splitlines())
     assert "cpu, bf16" in next(line for line in err.splitlines() if "loaded in" in line)
+
+
+def test_a_csv_of_absolute_paths_is_read_as_written(cli, bf16_run, tmp_path):
+    """A list the user wrote names files as the command line does: absolute rows are read as
+    they are; a relative row still resolves from the list's folder and may not leave it."""
+    run, images = bf16_run
+    listed = tmp_path / "list.csv"
+    listed.write_text(f"path\n{images / '1.png'}\n{images / '0.png'}\n")
+    code, stdout, err = cli("predict", "--run", run, listed, "--device", "cpu", "--top-k", 1)
+    assert code == 0, err
+    assert [row.split(",")[0] for row in stdout.splitlines()] == [
+        "path", str(images / "1.png"), str(images / "0.png")]
+    (tmp_path / "escape.csv").write_text(f"path\n../{images.name}/0.png\n")
+    code, stdout, err = cli("predict", "--run", run, tmp_path / "escape.csv", "--device", "cpu")
+    assert code == 2 and "outside the source folder" in err and "--allow-outside-root" in err

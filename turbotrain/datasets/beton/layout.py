@@ -4,10 +4,11 @@ Every dtype below is explicitly little-endian ('<u2', not 'uint16') so a file wr
 machine reads the same on any other. The layout (byte tables in docs/FORMAT.md):
 
     [header][field descriptors][metadata table: one row per sample]
-    [zero padding up to a page boundary][data pages ...][allocation table]
+    [data pages ...: page k is bytes [k x page_size, (k+1) x page_size)][allocation table]
 
-We write exactly what FFCV 1.0's `DatasetWriter` writes, so FFCV's own `Loader` reads our files
-and we read theirs, without importing FFCV. Our own bookkeeping (class names, mean/std,
+We write the layout FFCV 1.0's `DatasetWriter` writes, without its padding (it starts the data
+on a page boundary and writes whole pages; writer.py says why neither is needed), so FFCV's own
+`Loader` reads our files and we read theirs, without importing FFCV. Our own bookkeeping (class names, mean/std,
 checksums) lives beside the split in `dataset.json`, never inside the `.beton`.
 """
 from __future__ import annotations

@@ -54,7 +54,12 @@ class PreparedSplit:
     `info` is a dataset.json that passed `dataset_json.check_dataset_info` (None for a bare .beton);
     each BetonFile has checked every sample's metadata, so labels lie in 0..MAX_CLASSES - 1.
     `root` is where the shards live (the dataset folder, or a URL) and names them in messages;
-    `on_will_read`, if given, receives `will_read`'s hints (the remote shard cache)."""
+    `on_will_read`, if given, receives `will_read`'s hints (the remote shard cache).
+
+    `split[i]` is (the decoded HWC uint8 RGB image, its label): a map-style dataset, so
+    `torch.utils.data.DataLoader(split, batch_size=None)` iterates it (batches need images of
+    one size: a collate_fn that resizes, or `turbotrain.Loader`, which crops and resizes in
+    compiled code). It pickles without its maps, so DataLoader worker processes reopen them."""
 
     def __init__(self, shards: Sequence[ShardSource], split: str, info: dict | None, *,
                  root: str | os.PathLike | None = None,
@@ -284,6 +289,14 @@ class PreparedSplit:
         if beton.modes[j] == layout.MODE_RAW:
             return beton.raw_image(j), int(self.labels[i])
         return beton.payload(j), int(self.labels[i])
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        """(sample i decoded, as `image`, its label); i < 0 counts from the end, as a list's."""
+        n = len(self)
+        i = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range for {self.where_split()} ({n} samples)")
+        return self.image(i), int(self.labels[i])
 
     def image(self, i: int) -> np.ndarray:
         """Sample i decoded to an HWC uint8 RGB array (a JPEG whose header disagrees with the

@@ -92,8 +92,9 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an unreadable file: fail (default) stops with exit code 2; skip "
                              "names it on stderr and goes on")
     parser.add_argument("--allow-outside-root", action="store_true",
-                        help="follow symlinks and CSV rows that lead outside the folder given "
-                             "(refused by default)")
+                        help="follow symlinks and relative CSV rows that lead outside the "
+                             "folder given (refused by default; a CSV's absolute paths are "
+                             "read as written)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar (default: when stderr is a terminal)")
 
