@@ -13,12 +13,13 @@ reader and writer, a prepared split), errors.py; turbotrain/files/ below them al
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from turbotrain.datasets.beton.reader import BetonFile
 from turbotrain.datasets.beton.split import PreparedSplit, open_local_dataset
 from turbotrain.datasets.remote.urls import is_url
 
-from .errors import DatasetError
+from .errors import DatasetError, NotPrepared
 
 __all__ = ["BetonFile", "DatasetError", "PreparedSplit", "open_dataset"]
 
@@ -36,4 +37,23 @@ def open_dataset(path: str | os.PathLike, split: str = "train", *, cache_dir=Non
         # lazy: URL support (the object store client, +50 ms) stays out of `--help`
         from turbotrain.datasets.remote.split import open_remote_dataset
         return open_remote_dataset(path, split, cache_dir, cache_limit, info=info)
-    return open_local_dataset(path, split, verify=verify, info=info)
+    try:
+        return open_local_dataset(path, split, verify=verify, info=info)
+    except DatasetError as exc:
+        # Nothing prepared there, or a file the .beton reader refused (a SOURCE's, maybe).
+        bare_file = os.path.isfile(path) and not str(path).endswith(".beton")
+        line = _what_it_is(path) if isinstance(exc, NotPrepared) or bare_file else None
+        if line is None:
+            raise
+        raise DatasetError(line) from None
+
+
+def _what_it_is(path) -> str | None:
+    """For a path that holds no prepared dataset: what it holds instead, and the commands that
+    prepare it (a raw folder given as --data: issue 36); None for a file that is no SOURCE
+    either, whose own error stands."""
+    # lazy: the SOURCE detectors (sources/) run on this error path only
+    from turbotrain.datasets.sources.detect import not_prepared_line, source_kind
+    if os.path.isfile(path) and source_kind(Path(path)) is None:
+        return None
+    return not_prepared_line(path)

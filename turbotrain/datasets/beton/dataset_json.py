@@ -14,7 +14,7 @@ import re
 import reprlib
 from pathlib import Path
 
-from turbotrain.datasets.errors import DatasetError
+from turbotrain.datasets.errors import DatasetError, NotPrepared
 from turbotrain.files.untrusted import MIB, UnsafeInput, is_inside, open_regular, read_regular
 from turbotrain.printable import printable
 
@@ -51,8 +51,12 @@ def read_dataset_json(root: Path) -> dict:
     try:
         data = read_regular(path, MAX_JSON_BYTES)
     except FileNotFoundError:
-        raise DatasetError(f"{printable(root)}: not a prepared dataset (no {DATASET_JSON}); "
-                           f"run `prepare-dataset SOURCE {printable(root)}` first") from None
+        # Not `prepare-dataset SOURCE ROOT`: ROOT is often the SOURCE itself, which prepare
+        # then refuses as OUT. open_dataset says what ROOT holds (NotPrepared).
+        what = "nothing exists at that path" if not root.exists() else f"no {DATASET_JSON}"
+        raise NotPrepared(f"{printable(root)}: not a prepared dataset ({what}); a prepared "
+                          "dataset is the OUT folder that `prepare-dataset SOURCE OUT` writes",
+                          root) from None
     except UnsafeInput as e:
         raise DatasetError(f"{printable(path)}: {e}") from None
     except OSError as e:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from turbotrain.datasets.errors import DatasetError
+from turbotrain.datasets.errors import DatasetError, NotPrepared
 from turbotrain.files.untrusted import UnsafeInput, open_regular
 from turbotrain.printable import printable
 
@@ -357,8 +357,8 @@ def open_local_dataset(path: str | os.PathLike, split: str = "train", *, verify:
     it already (else it is read)."""
     root = Path(path)
     if not root.exists():
-        raise DatasetError(f"{printable(root)}: no such dataset; run "
-                           f"`prepare-dataset SOURCE {printable(root)}` first")
+        raise NotPrepared(f"{printable(root)}: no such dataset: nothing exists at that path",
+                          root)
     if not root.is_dir():  # BetonFile refuses anything but a regular file
         return PreparedSplit([LocalShard(root)], root.stem, None, root=root.parent)
     return open_split(root, read_dataset_json(root) if info is None else info, split,

@@ -36,18 +36,20 @@ trusted (docs/SECURITY.md): every reader reads through turbotrain/files/untruste
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from turbotrain.files.untrusted import Limits, UnsafeInput
+from turbotrain.printable import printable
 
 from .arrays import IDX_NAME, find_idx_files, read_idx_folder, read_npz
 from .cifar import (CIFAR100_DIR, CIFAR10_DIR, is_cifar_archive, looks_like_cifar,
                     read_cifar_archive, read_cifar_folder)
 from .hf import HF_SUFFIXES, Columns, is_hf_folder, read_hf_files, read_hf_folder
 from .image_files import LIST_SUFFIXES, NoImages, read_image_folder, read_list
-from .source import Source, SourceError
+from .source import IMAGE_EXTENSIONS, Source, SourceError
 from .source_files import folder_files, is_pattern, pattern_files, split_by_name
 from .webdataset import WEBDATASET_SUFFIXES, read_webdataset
 
@@ -211,3 +213,81 @@ def _read_pattern(path: Path, asked: Asked) -> Source:
         return read_hf_files(split_files, path, asked.limits, asked.columns)
     raise SourceError(f"SOURCE {path} names files that are neither all WebDataset shards "
                       f"(.tar, .tar.gz, .tgz) nor all Parquet/Arrow files (e.g. {files[0].name})")
+
+
+# -- a path given where a prepared dataset was expected ------------------------------------------
+# Entries looked at, at most, for an image under a folder without dataset.json: enough to tell
+# an ImageFolder from an unrelated folder without listing a million files on an error path.
+_LOOK_AT = 2000
+
+
+def not_prepared_line(path: str | os.PathLike) -> str:
+    """What `path` holds, said where a prepared dataset was expected (train/eval/tune --data),
+    with the exact commands that prepare it. The hint it replaces, `prepare-dataset SOURCE
+    PATH`, named PATH as OUT when PATH was the SOURCE, which prepare then refused as such."""
+    path = Path(path)
+    shown = printable(path)
+    if not os.path.lexists(path):
+        return (f"{shown}: no such dataset: nothing exists at that path (a prepared dataset is "
+                "the OUT folder that `prepare-dataset SOURCE OUT` writes)")
+    what = source_kind(path)
+    if what is not None:
+        out = _prepared_beside(path)
+        return (f"{shown} is not a prepared dataset but a SOURCE: {what}; run "
+                f"`prepare-dataset {_quoted(path)} {_quoted(out)}`, then "
+                f"`train --data {_quoted(out)}`")
+    if path.is_dir() and any(name.endswith(".beton") for name in os.listdir(path)):
+        return (f"{shown}: .beton files but no dataset.json (a prepare that did not finish?): "
+                "prepare it again, or pass one .beton file")
+    return (f"{shown}: not a prepared dataset (no dataset.json) and no images found in it; a "
+            "prepared dataset is the OUT folder that `prepare-dataset SOURCE OUT` writes")
+
+
+def source_kind(path: Path) -> str | None:
+    """How the "no images" hint names the first KINDS row that takes `path` (ImageFolder, the
+    fallback, only for a folder with an image among its first _LOOK_AT entries); None when no
+    row does. Reads nothing but listings."""
+    asked = Asked(Limits(), allow_outside_root=False, columns=Columns())
+    try:
+        for kind in KINDS[:-1]:
+            if kind.detect(path, asked) is not None:
+                return kind.hint or "a Hugging Face save_to_disk folder"
+        if path.is_dir() and _holds_an_image(path):
+            return KINDS[-1].hint
+    except (OSError, UnsafeInput, SourceError, RecursionError):
+        pass
+    return None
+
+
+def _holds_an_image(folder: Path) -> bool:
+    seen, pending = 0, [folder]
+    while pending and seen < _LOOK_AT:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                seen += 1
+                if seen > _LOOK_AT:
+                    break
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+                    return True
+    return False
+
+
+def _prepared_beside(path: Path) -> Path:
+    """NAME-prepared beside PATH, NAME without a file's suffix (for `.` or `..`, beside the
+    folder it names)."""
+    if path.name in ("", ".", ".."):
+        path = path.resolve()
+    name = path.name
+    if path.is_file():
+        suffix = next((s for s in (*ARCHIVE_SUFFIXES, *HF_SUFFIXES) if name.lower().endswith(s)),
+                      Path(name).suffix)
+        name = name[:len(name) - len(suffix)] or name
+    return path.parent / f"{name or 'data'}-prepared"
+
+
+def _quoted(path: Path) -> str:
+    return printable(shlex.quote(str(path)))
