@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 from . import __version__
 from .arg_parser import CommandParser
@@ -131,6 +132,10 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
         return 130
     if info["workers"]["note"]:
         print(f"{prog}: note: {info['workers']['note']}", file=sys.stderr)
+    if part and info.get("skipped_as_done"):
+        print(f"part {part[0]}/{part[1]} of {args.out} is already done with the same inputs: "
+              f"skipped (--overwrite redoes it)")
+        return 0
     if part:
         shards = info["shards"]
         written = sum(s["num_samples"] for s in shards)
@@ -179,8 +184,13 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_merge(args: argparse.Namespace) -> int:
     # lazy: each command's modules load when it runs: `turbotrain --help` stays at 0.15 s
     from .datasets.prepare.merge import MergeError, merge
+    from .datasets.prepare.part_status import parts_status, status_lines
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # `kill` ends it as Ctrl-C does
     try:
+        if args.check:  # what merge would find, part by part; nothing is written
+            lines = status_lines(parts_status(Path(args.out)))
+            print("\n".join(lines))
+            return 0 if lines[-1].endswith("ready to merge") else 1
         info = merge(args.out)
     except MergeError as e:
         return _fail("turbotrain merge", str(e))
@@ -252,6 +262,9 @@ def _add_inspect_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_merge_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="the folder the parts were written into (or copied together in)")
+    p.add_argument("--check", "--parts-status", action="store_true",
+                   help="list the done, missing and damaged parts (by manifest and shard "
+                        "sizes) and merge nothing; exit code 1 unless all are done")
 
 
 def _train_command():

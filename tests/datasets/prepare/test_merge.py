@@ -17,6 +17,8 @@ from turbotrain.datasets.synthetic import write_shapes_imagefolder
 
 from ..cli_run import cli, one_line_error
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 SMALL_SHARDS = 30_000  # ~4 photos of 160x120 per shard: 11 train + 6 val shards
 
 
@@ -109,12 +111,18 @@ def test_interrupted_part_leaves_nothing_that_looks_finished(photos, tmp_path):
     assert len(open_dataset(out, "val")) == 20
 
 
-def test_part_refuses_to_redo_without_overwrite_and_never_a_merged_dataset(photos, tmp_path):
+def test_a_done_part_is_skipped_redone_with_overwrite_never_a_merged_dataset(photos, tmp_path):
+    """A part done with the same inputs is skipped (an engine's retry, a rerun after a crash);
+    --overwrite redoes it."""
     out = tmp_path / "ds"
-    prepare_dataset(photos, out, options(part=(0, 2), on_error="skip"))
-    with pytest.raises(PrepareError, match="part 0/2 is already done"):
-        prepare_dataset(photos, out, options(part=(0, 2), on_error="skip"))
+    first = prepare_dataset(photos, out, options(part=(0, 2), on_error="skip"))
+    assert not first.get("skipped_as_done")
+    manifest = out / "parts" / "part-00000-of-00002.json"
+    made = manifest.stat().st_mtime_ns
+    again = prepare_dataset(photos, out, options(part=(0, 2), on_error="skip"))
+    assert again["skipped_as_done"] and manifest.stat().st_mtime_ns == made
     prepare_dataset(photos, out, options(part=(0, 2), on_error="skip", overwrite=True))
+    assert manifest.stat().st_mtime_ns != made
     (out / "notes.txt").write_text("mine")
     with pytest.raises(PrepareError, match="did not write \\(notes.txt\\)"):
         prepare_dataset(photos, out, options(part=(1, 2), on_error="skip"))
@@ -125,6 +133,43 @@ def test_part_refuses_to_redo_without_overwrite_and_never_a_merged_dataset(photo
         prepare_dataset(photos, out, options(part=(1, 2), on_error="skip", overwrite=True))
     line = one_line_error(cli("merge", out))
     assert "already merged" in line
+
+
+def test_a_part_done_with_other_settings_is_refused_in_one_line(photos, tmp_path):
+    out = tmp_path / "ds"
+    prepare_dataset(photos, out, options(part=(0, 2), on_error="skip"))
+    with pytest.raises(PrepareError, match="part 0/2 in .* is done with other encoding.quality"):
+        prepare_dataset(photos, out, options(part=(0, 2), on_error="skip", quality=80))
+    line = one_line_error(cli("prepare", photos, out, "--shard-size", "8MiB", "--part", "0/2",
+                              "--on-error", "skip", "--workers", "1"))
+    assert "is done with other encoding.shard_size" in line and "--overwrite" in line
+    assert cli("merge", out, "--check").stdout.splitlines() == [
+        "done: 0", "part 1/2: missing (not run)", "1 of 2 parts done, 1 missing, 0 damaged"]
+
+
+def test_check_lists_done_missing_and_damaged_parts(photos, tmp_path):
+    """`merge --check` (`--parts-status`): what merge would find, by manifests and shard sizes
+    (nothing read, nothing written); exit code 0 only when every part is done."""
+    out = tmp_path / "ds"
+    run_parts(photos, out, 5, on_error="skip")
+    result = cli("merge", out, "--parts-status")
+    assert result.returncode == 0
+    assert result.stdout.splitlines() == ["done: 0-4",
+                                          "5 of 5 parts done, 0 missing, 0 damaged; ready to merge"]
+    (out / "parts" / "part-00001-of-00005.json").unlink()
+    (out / ".part-00001-of-00005.partial-otherhost-7").mkdir()  # as a killed part leaves it
+    (out / "parts" / "part-00003-of-00005.json").write_text("{not json")
+    victim = out / "val-00005-of-00006.beton"  # the last shard: part 4/5's
+    victim.write_bytes(victim.read_bytes()[:-5])
+    result = cli("merge", out, "--check")
+    assert result.returncode == 1 and not (out / "dataset.json").exists()
+    lines = result.stdout.splitlines()
+    assert lines[0] == "done: 0, 2"
+    assert lines[1] == ("part 1/5: missing (interrupted: .part-00001-of-00005.partial-otherhost-7 "
+                        "is its unfinished folder)")
+    assert lines[2].startswith("part 3/5: damaged (not a readable part manifest")
+    assert lines[3].startswith(f"part 4/5: damaged ({victim}: ") and "manifest says" in lines[3]
+    assert lines[4] == "2 of 5 parts done, 1 missing, 2 damaged"
 
 
 def test_part_with_other_options_is_one_line(photos, tmp_path):

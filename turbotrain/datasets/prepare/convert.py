@@ -21,8 +21,8 @@ import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from turbotrain.datasets.beton import layout
 from turbotrain.datasets.beton.dataset_json import DATASET_JSON
@@ -33,14 +33,17 @@ from turbotrain.datasets.sources.detect import detect_source
 from turbotrain.datasets.sources.hf import Columns
 from turbotrain.datasets.sources.source import SourceError
 from turbotrain.files.safe_create import make_fresh_dir, write_file
-from turbotrain.files.untrusted import Limits, UnsafeInput
+from turbotrain.files.untrusted import UnsafeInput
 from turbotrain.held_setting import ONE_CV2_THREAD
 from turbotrain.host import available_ram
 from turbotrain.os_failure import MEMORY_ADVICE, memory_line
 
+from .options import PrepareError, PrepareOptions, check_options
 from .output_folder import (OutputFolderError, check_not_overlapping, check_output, install,
                             lock_output, partial_dir, remove_stale_partials)
-from .parts import check_part_output, install_part, part_manifest, part_partial_dir, part_shard_ids
+from .part_status import finished_part
+from .parts import (agreement, check_part_output, install_part, part_manifest, part_partial_dir,
+                    part_shard_ids)
 from .shard_plan import ShardPlanError, SplitPlan, plan_split
 from .shard_results import ShardResult, dataset_info, encoding_facts, skipped_lines
 from .split_order import shuffled_train, with_val_split
@@ -54,29 +57,6 @@ CHUNK = 16
 IN_FLIGHT_PER_WORKER = 4
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PROG = "prepare-dataset"
-
-
-class PrepareError(RuntimeError):
-    """A user-caused problem with a conversion; the message is one line naming the culprit."""
-
-
-@dataclass(frozen=True)
-class PrepareOptions:
-    encoding: str = "auto"        # auto | jpeg | raw
-    max_side: int = 512           # 0: keep the source size
-    quality: int = 90
-    workers: int = 0              # 0: all cores
-    val_fraction: float = 0.0
-    on_error: str = "fail"        # fail | skip
-    overwrite: bool = False
-    seed: int = 0
-    progress: bool = True
-    limits: Limits = Limits()
-    allow_outside_root: bool = False  # read CSV rows / symlinks that lead outside SOURCE
-    shard_size: int | None = None     # bytes of source per shard (shard_plan.py); None: one file
-    part: tuple[int, int] | None = None  # (i, N): only part i's shards, plus its manifest
-    image_column: str | None = None   # a Hugging Face source's columns (sources/hf.py);
-    label_column: str | None = None   # None: image/img, label/labels
 
 
 # -- worker side -------------------------------------------------------------------------------
@@ -240,12 +220,15 @@ def _write_one(item, index: int, split_source, writer: BetonWriter, result: Shar
 
 
 def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
-                    options: PrepareOptions = PrepareOptions()) -> dict:
+                    options: PrepareOptions = PrepareOptions(), *,
+                    on_progress: Callable[[int], None] | None = None) -> dict:
     """Converts SOURCE into a prepared dataset at OUT; returns the dataset.json content (with
-    --part: the part manifest's content, and OUT gets no dataset.json until `merge`)."""
+    --part: the part manifest's content, and OUT gets no dataset.json until `merge`; its
+    "skipped_as_done" is True when the part was already done with the same inputs).
+    `on_progress(n)` is told of every n images written (the Ray engine's progress)."""
 
     out = Path(out).absolute()
-    _check_options(options)
+    check_options(options)
     try:  # OUT's checks below hold until the end: no other prepare-dataset writes it meanwhile
         # (not even the lock file goes into a SOURCE that holds OUT)
         check_not_overlapping(out, Path(source_path).expanduser().absolute())
@@ -253,16 +236,34 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
     except OutputFolderError as e:
         raise PrepareError(str(e)) from e
     with lock:
-        return _prepare_locked(source_path, out, options)
+        return _prepare_locked(source_path, out, options, on_progress)
 
 
-def _prepare_locked(source_path, out: Path, options: PrepareOptions) -> dict:
+def _prepare_locked(source_path, out: Path, options: PrepareOptions, on_progress) -> dict:
     try:
         if options.part is None:
             check_output(out, Path(source_path).expanduser().absolute(), options.overwrite)
         else:
-            check_part_output(out, Path(source_path).expanduser().absolute(), options.part,
-                              options.overwrite)
+            check_part_output(out, Path(source_path).expanduser().absolute())
+    except OutputFolderError as e:
+        raise PrepareError(str(e)) from e
+    source, plans = plan_source(source_path, options)
+    workers, workers_note = memory_bound_workers(
+        options.workers or len(os.sched_getaffinity(0)), source, available_ram())
+    started = time.perf_counter()
+    if options.part is None:
+        info = _prepare_whole(source, out, plans, options, workers, on_progress)
+    else:
+        info = _prepare_part(source, out, plans, options, workers, on_progress)
+    info["seconds"] = time.perf_counter() - started
+    info["workers"] = {"count": workers, "note": workers_note}  # for the CLI; not in dataset.json
+    return info
+
+
+def plan_source(source_path, options: PrepareOptions) -> tuple:
+    """(source, {split: SplitPlan}): SOURCE read as the conversion reads it (val carve, the
+    stored train order) and cut into shards; a PrepareError names what is wrong with it."""
+    try:
         source = detect_source(source_path, options.limits,
                                allow_outside_root=options.allow_outside_root,
                                columns=Columns(options.image_column, options.label_column))
@@ -274,27 +275,18 @@ def _prepare_locked(source_path, out: Path, options: PrepareOptions) -> dict:
                  for split, s in source.splits.items()}
     except (SourceError, OutputFolderError, ShardPlanError) as e:
         raise PrepareError(str(e)) from e
-    workers, workers_note = memory_bound_workers(
-        options.workers or len(os.sched_getaffinity(0)), source, available_ram())
-    started = time.perf_counter()
-    if options.part is None:
-        info = _prepare_whole(source, out, plans, options, workers)
-    else:
-        info = _prepare_part(source, out, plans, options, workers)
-    info["seconds"] = time.perf_counter() - started
-    info["workers"] = {"count": workers, "note": workers_note}  # for the CLI; not in dataset.json
-    return info
+    return source, plans
 
 
 def _prepare_whole(source, out: Path, plans: dict, options: PrepareOptions,
-                   workers: int) -> dict:
+                   workers: int, on_progress) -> dict:
     """Every shard, built in a hidden sibling folder and renamed into place at the end."""
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out)
     partial = make_fresh_dir(partial_dir(out))
     with _removed_on_failure(partial):
         ids = {split: list(range(plan.num_shards)) for split, plan in plans.items()}
-        results = _write_all(source, plans, ids, partial, options, workers)
+        results = _write_all(source, plans, ids, partial, options, workers, on_progress)
         info = dataset_info(source_facts(source, options), encoding_facts(options,
                             options.shard_size), results, sharded=options.shard_size is not None)
         if info is None:
@@ -307,17 +299,24 @@ def _prepare_whole(source, out: Path, plans: dict, options: PrepareOptions,
 
 
 def _prepare_part(source, out: Path, plans: dict, options: PrepareOptions,
-                  workers: int) -> dict:
+                  workers: int, on_progress) -> dict:
     """Part i's shards, written in a hidden folder inside OUT, then moved in beside the other
-    parts' shards; the part manifest, written last, is what says the part is finished."""
+    parts' shards; the part manifest, written last, is what says the part is finished. A part
+    already done with the same inputs is skipped (part_status.finished_part)."""
     part, parts = options.part
+    facts, encoding = source_facts(source, options), encoding_facts(options, options.shard_size)
+    try:
+        done = finished_part(out, options.part, agreement(facts, encoding, options, plans, parts),
+                             options.overwrite)
+    except OutputFolderError as e:
+        raise PrepareError(str(e)) from e
+    if done is not None:
+        return {**done, "skipped_as_done": True}
     ids = part_shard_ids(plans, part, parts)
     partial = part_partial_dir(out, part, parts)
     with _removed_on_failure(partial):
-        results = _write_all(source, plans, ids, partial, options, workers)
-        manifest = part_manifest(source_facts(source, options),
-                                 encoding_facts(options, options.shard_size), options, plans,
-                                 results)
+        results = _write_all(source, plans, ids, partial, options, workers, on_progress)
+        manifest = part_manifest(facts, encoding, options, plans, results)
         install_part(partial, out, results, manifest, options.part)
     return manifest
 
@@ -337,13 +336,14 @@ def _removed_on_failure(partial: Path):
 
 
 def _write_all(source, plans: dict, ids: dict[str, list[int]], folder: Path,
-               options: PrepareOptions, workers: int) -> list[ShardResult]:
+               options: PrepareOptions, workers: int, on_progress) -> list[ShardResult]:
     from tqdm import tqdm
     total = sum(int(plans[split].bounds[k + 1] - plans[split].bounds[k])
                 for split, shard_ids in ids.items() for k in shard_ids)
     results = []
     with tqdm(total=total, unit="img", desc="prepare", disable=not options.progress,
-              file=sys.stderr, dynamic_ncols=True) as progress:
+              file=sys.stderr, dynamic_ncols=True) as bar:
+        progress = bar if on_progress is None else _Told(bar, on_progress)
         for split, split_source in source.splits.items():
             if ids.get(split):
                 progress.set_description(f"prepare {split}")
@@ -352,32 +352,22 @@ def _write_all(source, plans: dict, ids: dict[str, list[int]], folder: Path,
     return results
 
 
+class _Told:
+    """A progress bar whose updates on_progress is told of too."""
+
+    def __init__(self, bar, on_progress: Callable[[int], None]):
+        self.bar, self.on_progress = bar, on_progress
+
+    def update(self, n: int) -> None:
+        self.bar.update(n)
+        self.on_progress(n)
+
+    def set_description(self, text: str) -> None:
+        self.bar.set_description(text)
+
+
 def source_facts(source, options: PrepareOptions) -> dict:
     """What dataset.json says of the source (a part manifest carries it to `merge`)."""
     return {"classes": list(source.classes), "path": str(Path(source.path).absolute()),
             "kind": source.kind, "fingerprint": source.fingerprint(),
             "val_fraction": options.val_fraction}
-
-
-def _check_options(options: PrepareOptions) -> None:
-    if options.on_error not in ("fail", "skip"):
-        raise PrepareError(f"--on-error must be fail or skip, not {options.on_error!r}")
-    if options.encoding not in ("auto", "jpeg", "raw"):
-        raise PrepareError(f"--encoding must be auto, jpeg or raw, not {options.encoding!r}")
-    if not 1 <= options.quality <= 100:
-        raise PrepareError(f"--quality must be in 1..100, not {options.quality}")
-    if not 0 <= options.max_side <= layout.MAX_IMAGE_SIDE:
-        raise PrepareError(f"--max-side must be in 0..{layout.MAX_IMAGE_SIDE} (0 keeps the size), "
-                           f"not {options.max_side}")
-    if options.shard_size is not None and options.shard_size < 1:
-        raise PrepareError(f"--shard-size must be a positive size, not {options.shard_size}")
-    if options.part is not None and not 0 <= options.part[0] < options.part[1]:
-        raise PrepareError(f"--part {options.part[0]}/{options.part[1]}: expected i/N with "
-                           f"0 <= i < N")
-    if options.part is not None and options.shard_size is None:
-        raise PrepareError("--part needs --shard-size: parts are made of whole shards "
-                           "(e.g. --shard-size 1GB --part 0/4)")
-    limits = options.limits
-    if limits.max_file_bytes <= 0 or limits.max_array_bytes <= 0 or limits.max_inflate_ratio < 1:
-        raise PrepareError("--max-file-mb and --max-array-mb must be positive and "
-                           "--max-inflate-ratio at least 1")

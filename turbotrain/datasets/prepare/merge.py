@@ -30,8 +30,8 @@ from turbotrain.files.safe_create import write_file
 from turbotrain.files.untrusted import UnsafeInput, read_regular
 from turbotrain.printable import printable
 
-from .parts import (MANIFEST_KIND, MANIFEST_VERSION, PARTS_DIR, is_part_partial, manifest_name,
-                    parse_manifest_name)
+from .parts import (MANIFEST_KIND, MANIFEST_VERSION, PARTS_DIR, first_difference, is_part_partial,
+                    manifest_name, parse_manifest_name)
 from .shard_plan import part_shards
 from .shard_results import STATS_SCALE, ShardResult, dataset_info, skipped_lines
 
@@ -96,7 +96,7 @@ def _read_manifests(out: Path) -> dict[str, dict]:
         if numbers is None:
             raise MergeError(f"{folder / name}: not a part manifest (expected "
                              f"part-00000-of-00004.json); move it out of {folder}")
-        manifests[name] = _read_manifest(folder / name, numbers)
+        manifests[name] = read_manifest(folder / name, numbers)
     if not manifests:
         raise MergeError(f"{folder}: holds no part manifest; run prepare-dataset --part i/N")
     counts = sorted({m["agreement"]["parts"] for m in manifests.values()})
@@ -106,7 +106,7 @@ def _read_manifests(out: Path) -> dict[str, dict]:
     return manifests
 
 
-def _read_manifest(path: Path, numbers: tuple[int, int]) -> dict:
+def read_manifest(path: Path, numbers: tuple[int, int]) -> dict:
     shown = printable(path)
     try:
         data = read_regular(path, MAX_MANIFEST_BYTES, follow_symlinks=False)
@@ -195,12 +195,7 @@ def _is_int(value: object) -> bool:
 def _check_agrees(out: Path, name: str, agreed: dict, first_name: str, first: dict) -> None:
     if agreed == first:
         return
-    differing = next((key for key in {**first, **agreed} if agreed.get(key) != first.get(key)),
-                     "?")
-    if isinstance(first.get(differing), dict) and isinstance(agreed.get(differing), dict):
-        sub = next((k for k in {**first[differing], **agreed[differing]}
-                    if agreed[differing].get(k) != first[differing].get(k)), None)
-        differing = f"{differing}.{sub}" if sub else differing
+    differing = first_difference(first, agreed)
     raise MergeError(f"{out / PARTS_DIR / name}: made with different {differing} than "
                      f"{first_name} (another source, other options or another turbotrain); "
                      f"re-run the parts with the same SOURCE and options")
@@ -232,6 +227,27 @@ def _check_no_stray_shards(out: Path, planned: set[str]) -> None:
                          f"parts into a new OUT")
 
 
+def shard_problem(out: Path, file: str, size: int, owner: str) -> str | None:
+    """What is wrong with a part's shard file, by its size alone (cheap: no read), with what to
+    do; None when it is a regular file inside OUT of the size the manifest of part `owner`
+    ("1/3") says."""
+    path = out / file
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return (f"{printable(path)}: missing (part {owner} lists it); re-run prepare-dataset "
+                f"--part {owner}")
+    if not stat.S_ISREG(info.st_mode):
+        what = (f"a symlink (to {printable(os.path.realpath(path))})"
+                if stat.S_ISLNK(info.st_mode) else "not a regular file")
+        return (f"{printable(path)}: {what}; merge accepts only regular files inside OUT: copy "
+                f"the shard itself there")
+    if info.st_size != size:
+        return (f"{printable(path)}: {info.st_size} bytes, part {owner}'s manifest says {size}; "
+                f"re-run prepare-dataset --part {owner}")
+    return None
+
+
 def _check_files(out: Path, results: list[ShardResult], manifests: dict) -> None:
     """Each shard file must be the one its part wrote: size first (cheap), then sha256."""
     owner = {}
@@ -239,21 +255,9 @@ def _check_files(out: Path, results: list[ShardResult], manifests: dict) -> None
         for entry in manifest["shards"]:
             owner[entry["file"]] = f"{manifest['part']}/{manifest['agreement']['parts']}"
     for r in results:
-        path = out / r.file
-        try:
-            info = os.lstat(path)
-        except OSError:
-            raise MergeError(f"{printable(path)}: missing (part {owner[r.file]} lists it); "
-                             f"re-run prepare-dataset --part {owner[r.file]}") from None
-        if not stat.S_ISREG(info.st_mode):
-            what = (f"a symlink (to {printable(os.path.realpath(path))})"
-                    if stat.S_ISLNK(info.st_mode) else "not a regular file")
-            raise MergeError(f"{printable(path)}: {what}; merge accepts only regular files "
-                             f"inside OUT: copy the shard itself there")
-        size = info.st_size
-        if size != r.bytes:
-            raise MergeError(f"{printable(path)}: {size} bytes, part {owner[r.file]}'s manifest "
-                             f"says {r.bytes}; re-run prepare-dataset --part {owner[r.file]}")
+        problem = shard_problem(out, r.file, r.bytes, owner[r.file])
+        if problem:
+            raise MergeError(problem)
 
     def digest(r: ShardResult) -> str:
         try:

@@ -7,6 +7,11 @@ inside OUT, moves them in, and writes `OUT/parts/part-0000i-of-0000N.json` last:
 its manifest is not finished, whatever shard files it left. `turbotrain merge OUT` (merge.py)
 checks the manifests and writes dataset.json.
 
+A part whose manifest is there, with the same inputs (`agreement`: source fingerprint, part
+count, settings, shard plan) and its shard files at their sizes, is skipped: what makes an
+engine's retries and a rerun after a crash safe (part_status.py). One done with other inputs
+is refused in one line.
+
 `--overwrite` with --part redoes that part only: its manifest and shard files are replaced,
 never another part's files, and never a merged dataset (a folder with dataset.json).
 """
@@ -59,9 +64,10 @@ def is_part_output(name: str) -> bool:
             or is_part_partial(name))
 
 
-def check_part_output(out: Path, source: Path, part: tuple[int, int], overwrite: bool) -> None:
+def check_part_output(out: Path, source: Path) -> None:
     """OUT may be missing, or a folder of parts (this run's or others'); never a merged
-    dataset, a file, or a folder holding anything prepare-dataset does not write."""
+    dataset, a file, or a folder holding anything prepare-dataset does not write. Whether this
+    part is already done is decided once the source is read (part_status.finished_part)."""
     check_not_overlapping(out, source)
     if not os.path.lexists(out):
         return
@@ -79,10 +85,6 @@ def check_part_output(out: Path, source: Path, part: tuple[int, int], overwrite:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise OutputFolderError(f"{out} holds files prepare-dataset did not write ({shown}); "
                                 f"move them out, or choose another OUT")
-    manifest = out / PARTS_DIR / manifest_name(*part)
-    if manifest.exists() and not overwrite:
-        raise OutputFolderError(f"part {part[0]}/{part[1]} is already done ({manifest}); pass "
-                                f"--overwrite to redo it")
 
 
 def part_shard_ids(plans: dict[str, SplitPlan], part: int, parts: int) -> dict[str, list[int]]:
@@ -123,6 +125,15 @@ def agreement(source: dict, encoding: dict, options, plans: dict[str, SplitPlan]
         "plan": {split: {"shards": plan.num_shards, "samples": int(plan.bounds[-1]),
                          "sha256": plan.digest()} for split, plan in plans.items()},
     }
+
+
+def first_difference(a: dict, b: dict) -> str:
+    """The first key (as `key` or `key.sub`) whose value differs between two agreements."""
+    key = next((k for k in {**a, **b} if a.get(k) != b.get(k)), "?")
+    if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+        sub = next((k for k in {**a[key], **b[key]} if a[key].get(k) != b[key].get(k)), None)
+        key = f"{key}.{sub}" if sub else key
+    return key
 
 
 def part_manifest(source: dict, encoding: dict, options, plans: dict[str, SplitPlan],
