@@ -114,9 +114,9 @@ RUN apt-get update \
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-cache-dir \
         "numpy==${NUMPY_VERSION}" "numba==${NUMBA_VERSION}" "nvidia-dali-cuda130==${DALI_VERSION}" \
-        /wheels/ffcv-*.whl /wheels/pillow-*.whl "$(echo /wheels/turbotrain-*.whl)[dali,ffcv,export,timm,tensorboard,remote,hf,lightning]" \
+        /wheels/ffcv-*.whl /wheels/pillow-*.whl "$(echo /wheels/turbotrain-*.whl)[dali,ffcv,export,timm,tensorboard,remote,hf,lightning,ray]" \
  && python -c "import ctypes, pathlib, PIL, cv2, ffcv, nvidia.dali, turbotrain.cli; \
-from PIL import features; import lightning, obstore, onnxruntime, pyarrow, safetensors, tensorboard, timm; \
+from PIL import features; import lightning, obstore, onnxruntime, pyarrow, ray, safetensors, tensorboard, timm; \
 assert PIL.__version__.endswith('+avx2'), PIL.__version__; \
 missing = [f for f in ('jpg', 'zlib', 'libtiff', 'webp') if not features.check(f)]; \
 assert not missing, f'Pillow lacks {missing}'; \

@@ -36,8 +36,8 @@ $(STAMP): pyproject.toml scripts/build_pillow_simd.py
 	@echo "install 4/6: FFCV, compiled from source (~1-2 min)"
 	$(PIP) install -q numpy
 	$(PIP) install -q --no-build-isolation "ffcv==1.0.2" || echo "warning: FFCV did not build; --pipeline ffcv will be unavailable"
-	@echo "install 5/6: turbotrain and its extras: DALI, timm, ONNX, TensorBoard, ... (~1-3 min)"
-	$(PIP) install -q -e ".[dali,ffcv,export,timm,tensorboard,remote,hf,lightning,dev]"
+	@echo "install 5/6: turbotrain and its extras: DALI, timm, ONNX, TensorBoard, Ray, ... (~1-3 min)"
+	$(PIP) install -q -e ".[dali,ffcv,export,timm,tensorboard,remote,hf,lightning,ray,dev]"
 	# Last, after every line that can pull pillow in: pillow-simd built under the name pillow, so
 	# later pip installs keep it (~1.8x faster PIL decode + resize); a one-line note and pillow
 	# when it cannot build. A rerun reuses the wheel cached in $(VENV)/pillow-simd/.

@@ -2,6 +2,7 @@
 
     turbotrain prepare SOURCE OUT      (also: prepare-dataset SOURCE OUT)
     turbotrain prepare SOURCE OUT --shard-size 1GB --part i/N ; turbotrain merge OUT
+    turbotrain prepare SOURCE OUT --shard-size 1GB --engine ray   (the parts as Ray tasks, merged)
     turbotrain inspect OUT | verify OUT
     turbotrain train --data OUT ...    (also: train --data OUT ...)
     turbotrain bench --data OUT ...
@@ -79,6 +80,15 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     shards.add_argument("--part", metavar="I/N", default=None,
                         help="convert only part I of N (0 <= I < N) of the shards, for one "
                              "machine of many; then `turbotrain merge OUT`")
+    shards.add_argument("--engine", choices=["local", "ray"], default="local",
+                        help="local (default): this process; ray: every part as a Ray task "
+                             "(retried if its worker dies), then merge (pip install "
+                             "'turbotrain[ray]'; docs/PREPARE_AT_SCALE.md)")
+    shards.add_argument("--parts", type=int, metavar="N", default=None,
+                        help="with --engine ray: the number of parts (default: 4 per CPU of "
+                             "the cluster, at most one per shard)")
+    shards.add_argument("--address", metavar="ADDR", default=None,
+                        help="with --engine ray: the cluster to run on (default: a local one)")
     safety = p.add_argument_group("limits on untrusted data (docs/SECURITY.md)")
     safety.add_argument("--allow-outside-root", action="store_true",
                         help="read CSV rows and symlinks that lead outside SOURCE (refused by "
@@ -112,6 +122,9 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
         part = None if args.part is None else parse_part(args.part)
     except ShardPlanError as e:
         return _fail(prog, str(e))
+    if args.engine == "local" and (args.parts is not None or args.address is not None):
+        return _fail(prog, "--parts and --address are for --engine ray (with --engine local, "
+                           "run --part i/N on each machine)")
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # clean up on `kill` too
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     limits = Limits(max_file_bytes=args.max_file_mb << 20, max_array_bytes=args.max_array_mb << 20,
@@ -123,6 +136,8 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
                              shard_size=shard_size, part=part, image_column=args.image_column,
                              label_column=args.label_column)
     try:
+        if args.engine == "ray":
+            return _prepare_on_ray(args, options)
         info = prepare_dataset(args.source, args.out, options)
     except PrepareError as e:
         return _fail(prog, str(e))
@@ -152,6 +167,18 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
     print(f"prepared {args.out}: {written} images ({splits}), {len(info['classes'])} classes, "
           f"{size / 1e6:.1f} MB, {rate:.0f} images/s, {skipped} skipped"
           + (f" (see {args.out}/skipped.txt)" if skipped else ""))
+    return 0
+
+
+def _prepare_on_ray(args: argparse.Namespace, options) -> int:
+    # lazy: the Ray engine (and Ray) load only for --engine ray
+    from .datasets.prepare.engine_ray import prepare_with_ray
+    info, run = prepare_with_ray(args.source, args.out, options, parts=args.parts,
+                                 address=args.address)
+    written = sum(s["num_samples"] for s in info["splits"].values())
+    print(f"prepared {args.out} on Ray: {run.parts} parts ({run.skipped} already done, "
+          f"{run.ran} run, {run.parts_per_second:.2f} parts/s), merged: {written} images, "
+          f"{run.seconds:.1f} s")
     return 0
 
 

@@ -1,0 +1,256 @@
+"""`prepare-dataset SOURCE OUT --shard-size S --engine ray [--parts N] [--address ADDR]`: the
+parts of a `--part i/N` conversion run as Ray tasks, then `merge`.
+
+The driver (this process) reads SOURCE once to plan the shards, skips the parts already done
+with the same inputs (part_status.py), and submits one task a part: each runs
+`prepare_dataset(..., part=(i, N), workers=1)` on a worker of the cluster, one CPU each, so
+Ray puts as many parts side by side as there are cores. A task that dies with its worker or
+node (SIGKILL, OOM killer, a lost machine) is run again by Ray (`max_retries`): the part's own
+idempotence makes that safe (an interrupted part leaves no manifest, and its hidden folder is
+removed by the next try; a finished one is skipped). When every part is in, `merge` writes
+dataset.json: the folder is byte-identical to `prepare-dataset SOURCE OUT --shard-size S`
+on one machine (the shard plan does not depend on N, each shard is written by the same code in
+source order, and merge builds dataset.json from the manifests as one machine would).
+
+Every node must see SOURCE and OUT at the same paths (a shared filesystem) and have turbotrain
+installed. Ray is optional (`pip install 'turbotrain[ray]'`); this module imports it only when
+the engine runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+from turbotrain.datasets.remote.urls import is_url
+
+from .convert import plan_source, prepare_dataset, source_facts
+from .merge import MergeError, merge
+from .options import PrepareError, PrepareOptions, check_options
+from .output_folder import OutputFolderError, check_not_overlapping, lock_output
+from .part_status import finished_part, part_counts
+from .parts import PARTS_DIR, agreement, check_part_output, part_shard_ids
+from .shard_results import encoding_facts
+
+INSTALL_HINT = "--engine ray needs Ray: pip install 'turbotrain[ray]'"
+# Ray re-runs a task whose worker or node died this many times (then the part is one line).
+MAX_RETRIES = 3
+# Parts per CPU of the cluster when --parts is not given: a few per core, so a retried part
+# costs a small share of the run and the last parts end close together; each part reads the
+# source's listing once, so not one per shard either.
+PARTS_PER_CPU = 4
+# How often a task tells the driver how many images it wrote, and the driver redraws.
+REPORT_SECONDS = 0.25
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise PrepareError(INSTALL_HINT) from None
+    return ray
+
+
+@dataclasses.dataclass
+class EngineRun:
+    """What the driver did: parts in all, done before it started, run now; its seconds."""
+    parts: int
+    skipped: int = 0
+    ran: int = 0
+    seconds: float = 0.0       # planning, the parts and the merge
+    part_seconds: float = 0.0  # from the first task submitted to the last part in
+
+    @property
+    def parts_per_second(self) -> float:
+        return self.ran / self.part_seconds if self.part_seconds else 0.0
+
+
+def prepare_with_ray(source_path: str | os.PathLike, out: str | os.PathLike,
+                     options: PrepareOptions, *, parts: int | None = None,
+                     address: str | None = None) -> tuple[dict, EngineRun]:
+    """Runs the conversion's parts on a Ray cluster (`address`; None: the one this process is
+    connected to, else a local one on this machine's cores), then merges; returns
+    (dataset.json's content, what the driver did)."""
+    started = time.perf_counter()
+    if is_url(str(out)):
+        raise PrepareError(f"{out}: OUT must be a folder every node can write (a shared "
+                           f"filesystem); the remote layer only reads object storage: prepare "
+                           f"into a shared folder, then upload it (docs/PREPARE_AT_SCALE.md)")
+    if options.shard_size is None:
+        raise PrepareError("--engine ray needs --shard-size: parts are made of whole shards "
+                           "(e.g. --shard-size 1GB --engine ray)")
+    if options.part is not None:
+        raise PrepareError("--engine ray runs every part itself: leave --part out (or run "
+                           "--part i/N without --engine)")
+    if parts is not None and parts < 1:
+        raise PrepareError(f"--parts must be at least 1, not {parts}")
+    ray = import_ray()
+    out = Path(out).absolute()
+    check_options(options)
+    source_abs = Path(source_path).expanduser().absolute()
+    try:  # no second driver into the same OUT meanwhile (each part also locks itself)
+        check_not_overlapping(out, source_abs)
+        lock = lock_output(out, None)
+    except OutputFolderError as e:
+        raise PrepareError(str(e)) from e
+    with lock:
+        try:
+            check_part_output(out, source_abs)
+        except OutputFolderError as e:
+            raise PrepareError(str(e)) from e
+        source, plans = plan_source(source_path, options)
+        owned = _connect(ray, address)
+        try:
+            if parts is None:
+                cpus = int(ray.cluster_resources().get("CPU", 1))
+                parts = max(1, min(sum(p.num_shards for p in plans.values()),
+                                   PARTS_PER_CPU * cpus))
+            run = EngineRun(parts)
+            _check_part_count(out, parts)
+            todo, images = _parts_to_do(out, source, plans, options, parts, run)
+            _run_parts(ray, source_path, out, options, todo, images, run)
+        finally:
+            if owned:
+                ray.shutdown()
+        try:
+            info = merge(out)
+        except MergeError as e:
+            raise PrepareError(str(e)) from e
+    run.seconds = time.perf_counter() - started
+    return info, run
+
+
+def _connect(ray, address: str | None) -> bool:
+    """Connects to the cluster; True when this call started (and so must stop) it."""
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=address, include_dashboard=False, configure_logging=False,
+                 log_to_driver=False)
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        where = f"--address {address}" if address else "a local Ray cluster"
+        raise PrepareError(f"{where}: cannot connect ({' '.join(str(e).split())[:200]}); start "
+                           f"one with `ray start --head` on the head node, or leave --address "
+                           f"out to run on this machine") from None
+    return True
+
+
+def _check_part_count(out: Path, parts: int) -> None:
+    other = [n for n in part_counts(out) if n != parts]
+    if other:
+        raise PrepareError(f"{out / PARTS_DIR} holds parts of a {other[0]}-part run; pass "
+                           f"--parts {other[0]} to finish it, or choose another OUT")
+
+
+def _parts_to_do(out: Path, source, plans: dict, options: PrepareOptions, parts: int,
+                 run: EngineRun) -> tuple[list[int], dict[int, int]]:
+    """The parts not yet done with these inputs, and every part's image count."""
+    facts, encoding = source_facts(source, options), encoding_facts(options, options.shard_size)
+    todo, images = [], {}
+    for k in range(parts):
+        ids = part_shard_ids(plans, k, parts)
+        images[k] = sum(int(plans[split].bounds[i + 1] - plans[split].bounds[i])
+                        for split, shard_ids in ids.items() for i in shard_ids)
+        try:
+            done = finished_part(out, (k, parts), agreement(facts, encoding, options, plans,
+                                                            parts), options.overwrite)
+        except OutputFolderError as e:
+            raise PrepareError(str(e)) from e
+        if done is None:
+            todo.append(k)
+        else:
+            run.skipped += 1
+    return todo, images
+
+
+def _run_parts(ray, source_path, out: Path, options: PrepareOptions, todo: list[int],
+               images: dict[int, int], run: EngineRun) -> None:
+    from tqdm import tqdm
+    board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+    task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(run_part)
+    started = time.perf_counter()
+    pending = {}
+    for k in todo:
+        part_options = dataclasses.replace(options, part=(k, run.parts), workers=1,
+                                           progress=False)
+        pending[task.remote(str(source_path), str(out), part_options, board)] = k
+    skipped_images = sum(n for k, n in images.items() if k not in todo)
+    bars = dict(disable=not options.progress, dynamic_ncols=True, leave=True)
+    with tqdm(total=run.parts, initial=run.skipped, desc="parts", unit="part", position=0,
+              **bars) as parts_bar, \
+            tqdm(total=sum(images.values()), initial=skipped_images, desc="images",
+                 unit="img", position=1, **bars) as images_bar:
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=REPORT_SECONDS)
+                for ref in ready:
+                    result = _result(ray, ref, pending.pop(ref), run.parts)
+                    run.ran += not result["skipped"]
+                    run.skipped += result["skipped"]
+                    parts_bar.update(1)
+                if options.progress:
+                    written = ray.get(board.total.remote(), timeout=60)
+                    images_bar.update(skipped_images + written - images_bar.n)
+        except BaseException:  # a failed part, Ctrl-C: the others stop; done parts stay done
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
+    run.part_seconds = time.perf_counter() - started
+
+
+def _result(ray, ref, part: int, parts: int) -> dict:
+    try:
+        result = ray.get(ref)
+    except ray.exceptions.RayError as e:
+        reason = type(e).__name__
+        raise PrepareError(f"part {part}/{parts}: its Ray task failed {MAX_RETRIES + 1} times "
+                           f"({reason}: a worker or node died, out of memory?); run the same "
+                           f"command again: done parts are skipped") from None
+    if "error" in result:
+        raise PrepareError(f"part {part}/{parts}: {result['error']}")
+    return result
+
+
+def run_part(source_path: str, out: str, options: PrepareOptions, board) -> dict:
+    """One Ray task: part options.part of the conversion, its images told to `board`. A
+    PrepareError comes back as a value (raised by the driver in one line, not retried)."""
+    part = options.part[0]
+    teller = _Teller(board, part)
+    try:
+        manifest = prepare_dataset(source_path, out, options, on_progress=teller)
+    except PrepareError as e:
+        return {"part": part, "error": str(e)}
+    teller.flush()
+    return {"part": part, "skipped": bool(manifest.get("skipped_as_done"))}
+
+
+class ProgressBoard:
+    """A Ray actor: images written so far, per part. A retried part starts again from 0."""
+
+    def __init__(self):
+        self.images: dict[int, int] = {}
+
+    def set(self, part: int, images: int) -> None:
+        self.images[part] = images
+
+    def total(self) -> int:
+        return sum(self.images.values())
+
+
+class _Teller:
+    """Tells the board a part's image count at most every REPORT_SECONDS (one actor call
+    costs ~0.1 ms: per image it would be a measurable share of small images)."""
+
+    def __init__(self, board, part: int):
+        self.board, self.part, self.count, self.last = board, part, 0, time.monotonic()
+        board.set.remote(part, 0)
+
+    def __call__(self, n: int) -> None:
+        self.count += n
+        if time.monotonic() - self.last >= REPORT_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        self.board.set.remote(self.part, self.count)
+        self.last = time.monotonic()
