@@ -48,6 +48,8 @@ BENCHMARKS = (
     Benchmark("prepare", "bench_prepare.py", "Dataset conversion: prepare-dataset vs FFCV"),
     Benchmark("sources", "bench_sources.py",
               "Conversion speed by source: ImageFolder, WebDataset, Parquet"),
+    Benchmark("prepare_ray", "bench_prepare_ray.py",
+              "Conversion on Ray: --engine ray vs --engine local on one machine (issue 34)"),
     Benchmark("pipelines", "bench_pipelines.py",
               "Input pipelines: ours vs FFCV, DALI, torchvision"),
     Benchmark("kernel", "bench_kernel.py",

@@ -140,6 +140,31 @@ def render_sources(data: dict, where: Where) -> Body:
     return body
 
 
+@renders("prepare_ray")
+def render_prepare_ray(data: dict, where: Where) -> Body:
+    body = Body(md_table(["images", "parts", "--engine local (images/s)",
+                          "--engine ray (images/s)", "ratio", "driver (parts/s)",
+                          "byte-identical"],
+                         [[data.get("images"), data.get("parts"),
+                           rate(data.get("local_images_per_second")),
+                           rate(data.get("ray_images_per_second")), times(data.get("ratio")),
+                           data.get("driver_parts_per_second"), data.get("byte_identical")]]),
+                recorded_goals(data, "prepare_ray"))
+    start = data.get("cluster_start_seconds")
+    body.lines.insert(0, f"The same photo-like 500x375 q90 JPEGs, --shard-size "
+                         f"{data.get('shard_size', '8MiB')}, on {data.get('cpus', 2)} cores: one "
+                         "process with 2 workers, or the parts as Ray tasks of one CPU on a "
+                         "running local cluster (each driver a fresh process: its start, the "
+                         "workers' imports and the merge count"
+                         + (f"; the cluster's own start, {start:.1f} s, does not" if start else "")
+                         + "), best of the repeats.\n")
+    if data.get("overhead_seconds") is not None:
+        body.lines.append(f"Ray's overhead beyond local: {data['overhead_seconds']:.1f} s; were "
+                          f"it fixed, the ratio would reach the goal from about "
+                          f"{data.get('images_for_goal_estimate', 0):,} images (an estimate).\n")
+    return body
+
+
 @renders("pipelines")
 def render_pipelines(data: dict, where: Where) -> Body:
     rows = [[f"`{name}`", rate(r.get("images_per_second")), rate(r.get("images_per_cpu_second")),

@@ -9,6 +9,7 @@ to be killed in the middle; the runs they are compared with are local and not sl
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -204,3 +205,17 @@ def _wait_for(condition, *, what: str, timeout: float = 90):
             return found
         time.sleep(0.01)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_bench_prepare_ray_smoke(ray_cluster, tmp_path):
+    """bench/bench_prepare_ray.py end to end at 40 photos on the session's cluster (the real
+    benchmark is 2,400 photos: `make bench`); its JSON is what report.py renders."""
+    repo = Path(__file__).resolve().parents[3]
+    result = subprocess.run([sys.executable, str(repo / "bench" / "bench_prepare_ray.py"),
+                             "--images", "40", "--repeats", "1", "--json",
+                             str(tmp_path / "r.json"), "--address", ray_cluster],
+                            capture_output=True, text=True, timeout=170, cwd=repo)
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["images"] == 40 and data["byte_identical"] is True
+    assert data["ratio"] > 0 and data["driver_parts_per_second"] > 0 and data["parts"] == 1
