@@ -13,7 +13,7 @@ NATIVE_SOURCES := setup.py $(wildcard turbotrain/pipeline/csrc/*.c turbotrain/pi
 APT_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev libgl1 libglib2.0-0 dataset-fashion-mnist \
 	libjpeg-dev zlib1g-dev libwebp-dev libtiff-dev
 
-.PHONY: install demo test bench gpu-check bf16-probe apt-deps clean
+.PHONY: install demo test test-fast bench gpu-check bf16-probe apt-deps clean
 
 # When make read this file: `install took N s` counts from here (make parses the Makefile once,
 # just before the first recipe runs). The install steps print what they do and roughly how long
@@ -85,6 +85,12 @@ TEST_JOBS ?= 2
 test: install
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder --durations=30
 	TURBOTRAIN_NATIVE=0 $(PY) -m pytest -q $(FALLBACK_TESTS) -n $(TEST_JOBS) -k "not ffcv"
+
+# A contributor's inner loop: the tests that neither train nor start a child process, chosen
+# from the fixtures each test uses (tests/fast_lane.py); ~700 of the suite's ~1,400 tests.
+test-fast:
+	test -x $(PY) || $(MAKE) install
+	$(PY) -m pytest -q --fast -n $(TEST_JOBS) --dist loadgroup --durations=10
 
 bench: install
 	$(PY) bench/run_all.py

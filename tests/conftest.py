@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import pytest
 
+from .fast_lane import (_fast_lane_guard, child_processes, pytest_addoption,  # noqa: F401
+                        pytest_configure, select)
+
 NO_GPU = ("needs a CUDA GPU (torch.cuda.is_available() is False); on a GPU machine run "
           "`make gpu-check` or `pytest -m cuda`")
 
 
 def pytest_collection_modifyitems(config, items):
+    select(config, items)  # --fast: only the tests that neither train nor start processes
     slow_files = {item.nodeid.split("::")[0] for item in items
                   if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)  # stable

@@ -13,6 +13,8 @@ from turbotrain.cli import COMMANDS, build_parser
 
 from .datasets.cli_run import cli
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -18,6 +18,8 @@ from turbotrain.process_end import READER_GONE_STATUS, stdout_reader_gone
 
 from .train.tiny_data import write_tiny_dataset
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 REPO = Path(__file__).resolve().parents[1]
 
 

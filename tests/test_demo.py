@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)

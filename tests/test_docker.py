@@ -28,6 +28,8 @@ from packaging.utils import canonicalize_name
 from .pyproject_toml import PYPROJECT, pyproject_requirements, read_pyproject
 from .readme_blocks import Block, parse_blocks, parse_commands
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 README = REPO / "README.md"

@@ -44,7 +44,8 @@ QUIET = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=Fal
 
 # One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
 # fixture runs once, not once per worker: its fixtures prepare Fashion-MNIST subsets.
-pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("lightning")]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("lightning"),
+              pytest.mark.usefixtures("child_processes")]
 
 
 def checksums(images: torch.Tensor) -> list[int]:

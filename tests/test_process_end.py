@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNS = 30  # before the fix 14-43 % of such runs aborted here (process_end.py): all 30 pass
 # by chance with a probability below 0.86**30 = 1 %
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("child_processes")]
 
 
 def _child(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -43,6 +43,8 @@ from turbotrain.train.records.report import read_metrics
 from .pyproject_toml import pyproject_requirements, read_pyproject
 from .readme_blocks import Block, Command, parse_blocks, parse_commands
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 REPO = Path(__file__).resolve().parents[1]
 README = Path(os.environ.get("TURBOTRAIN_README", REPO / "README.md"))
 VENV_BIN = Path(sys.executable).parent  # turbotrain, prepare-dataset, train, torchrun
@@ -215,6 +217,8 @@ def verify_make(command: Command, box: Sandbox) -> None:
         assert last.startswith("TURBOTRAIN_NATIVE=0 .venv/bin/python -m pytest -q tests/"), last
         testpaths = read_pyproject()["tool"]["pytest"]["ini_options"]["testpaths"]
         assert testpaths == ["tests"]  # so `make test` runs this file too
+    elif target == "test-fast":  # the fast lane: tests/fast_lane.py picks it, --fast runs it
+        assert last.startswith(".venv/bin/python -m pytest -q --fast"), result.stdout
     elif target == "bench":
         assert last == ".venv/bin/python bench/run_all.py", result.stdout
         assert (REPO / "bench" / "run_all.py").is_file()
@@ -546,7 +550,7 @@ def check_export(ran: Ran) -> None:
 # README command (regex over the whole command, comments dropped) -> how the test runs it. The
 # first rule that matches wins.
 RULES = [
-    Rule(r"make (demo|test|bench|install|gpu-check)", verify=verify_make),
+    Rule(r"make (demo|test|test-fast|bench|install|gpu-check)", verify=verify_make),
     Rule(r"pip install .*", verify=verify_pip),
     Rule(r"apt-get install .*", verify=verify_apt),
     Rule(r"prepare-dataset SOURCE OUT \[.*", verify=verify_prepare_synopsis),

@@ -529,6 +529,7 @@ def test_run_all_render_only_writes_the_document(tmp_path, capsys):
     assert not (tmp_path / "results" / "run_all.json").exists()  # nothing ran
 
 
+@pytest.mark.usefixtures("child_processes")
 def test_run_all_records_absent_failed_and_ok_scripts(tmp_path, monkeypatch):
     scripts = tmp_path / "bench"
     scripts.mkdir()
@@ -651,6 +652,7 @@ def test_time_to_target_summary_line_and_fastest_round():
     assert "speedup n/a" in missed
 
 
+@pytest.mark.usefixtures("child_processes")
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 @pytest.mark.skipif(not tta.SOURCE.is_dir(), reason="Debian's dataset-fashion-mnist is not "

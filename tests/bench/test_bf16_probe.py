@@ -15,6 +15,7 @@ import bf16_probe  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.usefixtures("child_processes")
 def test_the_direct_step_names_the_first_module_that_is_not_finite(tmp_path):
     from safetensors.torch import load_file, save_file
     _, _, weights = bf16_probe.write_inputs(tmp_path)

@@ -24,6 +24,8 @@ from turbotrain.datasets.synthetic import write_shapes_imagefolder
 
 from .cli_run import cli, one_line_error
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 # JPEGs of 160x120 are ~7 KB: 30 KB shards hold ~4 images, so 40 train images make ~11 shards.
 SMALL_SHARDS = 30_000
 

@@ -18,6 +18,10 @@ pytestmark = pytest.mark.timeout(60)
 
 CPU = torch.device("cpu")
 
+# Worker processes are child processes: that case runs in `make test` only (fast_lane.py).
+WORKER_MODES = [pytest.param(mode, marks=pytest.mark.heavy) if mode == "processes" else mode
+                for mode in sorted(MODES)]
+
 
 def opts(image_size=32, **overrides):
     base = dict(train=True, batch_size=4, image_size=image_size, device=CPU, workers=2)
@@ -33,7 +37,7 @@ def test_unknown_pipeline_lists_the_choices(small_path):
     assert all(name in message for name in pipeline_names())
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("mode", WORKER_MODES)
 def test_corrupt_sample_fails_in_the_caller_naming_it(mode, corrupt_path):
     """Sample 13 is garbage: the error reaches the main thread/process, one line, no hang."""
     dataset = open_dataset(corrupt_path)
@@ -51,7 +55,7 @@ def test_every_pipeline_reports_a_corrupt_sample(name, corrupt_path):
             run_epoch(pipeline)
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("mode", WORKER_MODES)
 def test_processes_and_threads_agree(mode, photo_path):
     dataset = open_dataset(photo_path)
     runs = []
@@ -67,7 +71,7 @@ def test_unknown_mode_lists_the_choices(small_path):
         PyTorchPipeline(open_dataset(small_path), PipelineOptions(**opts()), mode="fibers")
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("mode", WORKER_MODES)
 def test_stopping_early_and_closing_does_not_hang(mode, photo_path):
     pipeline = PyTorchPipeline(open_dataset(photo_path), PipelineOptions(**opts()), mode=mode)
     assert len(run_epoch(pipeline, limit=1)) == 1

@@ -11,7 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.train.tiny_data import write_tiny_dataset
+
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ from .test_parity import reference, write_mixed_split
 import ffcv  # noqa: E402,F401
 from turbotrain.pipeline.ffcv import FfcvPipeline  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("child_processes")]
 
 CPU = torch.device("cpu")
 

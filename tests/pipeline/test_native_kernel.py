@@ -24,7 +24,7 @@ from turbotrain.pipeline.cpu_decode import BatchDecoder, DecodeAhead, SampleDeco
 
 from .conftest import photo_image
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("child_processes")]
 
 # (height, width): photo-sized ones (landscape, portrait, 4:2:0 iMCU-unaligned) and small ones.
 PHOTO_SIZES = [(375, 500), (500, 375), (333, 499), (240, 320), (90, 130)]

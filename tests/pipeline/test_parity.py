@@ -37,7 +37,8 @@ from .conftest import PHOTO_SIZES, build, photo_image, product_pipelines, run_ep
 
 # One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
 # fixture runs once, not once per worker: photo_runs trains on every pipeline.
-pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("parity")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("parity"),
+              pytest.mark.usefixtures("child_processes")]
 
 NAMES = product_pipelines()
 # Grey levels, mean |difference| per image (see the module docstring). Measured worst cases on

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "import_graph.py"
 

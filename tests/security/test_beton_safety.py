@@ -20,7 +20,7 @@ from .confined import tree_state
 from .test_dataset_json import (READER_PEAK_RSS, check_cli, cli, run_fuzz, write_small_dataset,
                                 write_split)
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("child_processes")]
 
 
 def raw_sample(label: int, side: int = 8):

@@ -34,7 +34,8 @@ class Payload:
 # Each case's child has its own timeout; this one also covers a fixture's run.
 # One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
 # fixture runs once, not once per worker: finished_run trains a run.
-pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("checkpoint")]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("checkpoint"),
+              pytest.mark.usefixtures("child_processes")]
 
 # ---------------------------------------------------------------------------- fixtures
 

@@ -25,7 +25,7 @@ from turbotrain.datasets.beton.writer import BetonWriter
 
 from .confined import Ran, run_confined, run_json_script, tree_state, turbotrain
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("child_processes")]
 
 FUZZ_SCRIPT = Path(__file__).with_name("fuzz_dataset_json.py")
 

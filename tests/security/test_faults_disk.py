@@ -23,7 +23,8 @@ from tests.datasets.cli_run import cli, one_line_error
 from .train_child import FAST, run_train
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("faults_disk"),
-              pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")]
+              pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root"),
+              pytest.mark.usefixtures("child_processes")]
 
 FULL = "No space left on device"
 READ_ONLY = "Read-only file system"

@@ -15,7 +15,7 @@ from PIL import Image
 
 from .confined import REPO, run_confined, turbotrain
 
-pytestmark = [pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes")]
 
 GIB = 1 << 30
 

@@ -30,7 +30,7 @@ from turbotrain.train.errors import TrainError
 from .confined import REPO
 from .train_child import FAST, run_train
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes")]
 
 ARGS = ["--model", "compact28", "--batch-size", 16, "--epochs", 50]
 SLOW = ["test-slow" if arg == "test-memory" else arg for arg in FAST]  # 50 ms a batch

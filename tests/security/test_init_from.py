@@ -19,7 +19,7 @@ from .confined import changed, outside, tree_state
 from .test_checkpoint import Payload
 from .train_child import FAST, run_train
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes")]
 
 
 def test_a_pt_that_runs_a_command_is_refused_and_the_command_never_runs(tiny_dataset,

@@ -21,7 +21,7 @@ from tests.native_build import build_extension
 
 from .confined import REPO, run_confined, run_json_script
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("child_processes")]
 
 FUZZ_SCRIPT = Path(__file__).with_name("fuzz_jpeg_kernel.py")
 KINDS = ["duplicate", "flip", "lie", "marker", "random", "run", "scans", "truncate"]

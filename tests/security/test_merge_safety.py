@@ -17,7 +17,7 @@ from turbotrain.datasets.synthetic import write_shapes_imagefolder
 
 from .confined import changed, run_confined, run_json_script, tree_state, turbotrain
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("child_processes")]
 
 # merge imports numpy and the dataset reader only: as prepare-dataset's cases
 # (test_prepare_safety.py), 2 GiB of address space and 256 MB of RSS leave room; the old

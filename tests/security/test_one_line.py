@@ -12,7 +12,7 @@ from .confined import run_confined, turbotrain
 from .model_child import make_run, run_cli
 from .train_child import FAST
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes")]
 
 BAD_YAML = {
     "digits": "epochs: " + "9" * 5000 + "\n",

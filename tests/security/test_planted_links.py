@@ -17,7 +17,7 @@ from .confined import REPO, run_json_script
 from .planting_child import VICTIM_TEXT
 from .train_child import ADDRESS_SPACE_LIMIT, PEAK_RSS_LIMIT
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes")]
 
 CHILD = Path(__file__).with_name("planting_child.py")
 

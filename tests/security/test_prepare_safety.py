@@ -22,7 +22,7 @@ from PIL import Image
 from .confined import changed, run_confined, tree_state, turbotrain
 from .fuzz_sources import cifar_batches, idx_header
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("child_processes")]
 
 # prepare-dataset imports numpy, cv2, PIL and simplejpeg: a run of a dozen small images peaks at
 # 80 MB RSS and fails to start under 1 GiB of address space (OpenBLAS and OpenCV thread

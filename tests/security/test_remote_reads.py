@@ -16,7 +16,7 @@ from .http_server import serve
 from .model_child import child_env, run_cli
 from .train_child import FAST
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes")]
 
 FUZZ_SCRIPT = Path(__file__).with_name("fuzz_remote.py")
 FUZZ_CASES = 150  # ~30 s on the 2-core box; a slow or silent case costs ~1 s of deadline

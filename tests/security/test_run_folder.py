@@ -27,7 +27,7 @@ def _tree(root: Path) -> dict[str, bytes | None]:
 
 
 # Each case's child has its own timeout; this one also covers a fixture's run.
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes")]
 
 # ---------------------------------------------------------------------------- CLI
 

@@ -11,7 +11,7 @@ from tests.train.tiny_data import write_tiny_dataset
 from .http_server import serve
 from .model_child import make_run, run_cli
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes")]
 
 CLASSES = [f"class{k}" for k in range(4)]  # tiny_data's
 

@@ -23,7 +23,7 @@ from .http_server import serve
 from .model_child import run_cli
 from .train_child import FAST
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes")]
 
 VICTIM_TEXT = "export PATH=/usr/bin\n"
 

@@ -15,7 +15,7 @@ import pytest
 from .test_prepare_safety import prepare, refused, write_tar_gz_bomb
 from tests.datasets.shard_fixtures import hf_dataset, jpeg
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("child_processes")]
 
 
 def shard(path: Path, members: list[tarfile.TarInfo | tuple[str, bytes]],

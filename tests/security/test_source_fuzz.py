@@ -8,6 +8,8 @@ import pytest
 
 from .confined import run_json_script
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 FUZZ_SCRIPT = Path(__file__).with_name("fuzz_sources.py")
 ROUNDS = 150  # per kind, 17 kinds: ~2,500 cases in ~20 s on the 2-core box
 ADDRESS_SPACE = 2 << 30   # as test_prepare_safety.py: prepare's imports need over 1 GiB

@@ -20,7 +20,7 @@ from .confined import run_json_script
 from .model_child import run_cli
 from .train_child import ADDRESS_SPACE_LIMIT, FAST, PEAK_RSS_LIMIT
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes")]
 
 FUZZ_SCRIPT = Path(__file__).with_name("fuzz_weights.py")
 FUZZ_CASES = 300  # ~15 s on the 2-core box

@@ -10,6 +10,7 @@ import torch
 from turbotrain.cli import main as turbotrain_main
 from turbotrain.train.records.report import read_metrics
 
+from ..fast_lane import heavy_fixture
 from . import memory_pipeline  # noqa: F401  (registers test-memory and test-slow)
 from .tiny_data import write_tiny_dataset
 
@@ -60,6 +61,7 @@ def tiny_dataset(tmp_path_factory):
 
 
 @pytest.fixture
+@heavy_fixture
 def cli(capsys):
     """Runs `turbotrain ARGS` in this process; returns (exit code, stdout, stderr)."""
     def run(*args):

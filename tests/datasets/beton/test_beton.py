@@ -103,6 +103,7 @@ def test_ffcv_loader_reads_our_file(mixed_file):
         assert np.abs(got[i].astype(int) - ours.image(i)).mean() < 3
 
 
+@pytest.mark.usefixtures("child_processes")
 @pytest.mark.timeout(240)
 def test_we_read_a_file_written_by_ffcv(tmp_path):
     from ffcv.fields import IntField, RGBImageField
@@ -169,6 +170,7 @@ def test_samples_never_cross_pages(tmp_path):
     assert (b.data_ptrs % b.page_size == 0).sum() == 3
 
 
+@pytest.mark.usefixtures("child_processes")
 def test_a_split_is_a_map_style_dataset_for_torch_dataloader(tmp_path):
     """split[i] is (decoded image, label), so torch's DataLoader indexes a split as it is, in
     worker processes too (the split pickles without its maps); past the end is IndexError."""

@@ -15,6 +15,8 @@ from turbotrain.datasets import DatasetError, open_dataset
 from turbotrain.datasets.beton import layout
 from turbotrain.datasets.beton.reader import BetonFile
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:

@@ -21,8 +21,9 @@ REPO = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
        "PYTHONPATH": str(REPO)}
 
-pytestmark = pytest.mark.skipif(map_guard._native() is None,
-                                reason="the compiled extension (the map guard) is not built")
+pytestmark = [pytest.mark.skipif(map_guard._native() is None,
+                                reason="the compiled extension (the map guard) is not built"),
+              pytest.mark.usefixtures("child_processes")]
 
 # Reads every sample's bytes through numpy views of the map, for ever, after saying "ready".
 READER = """

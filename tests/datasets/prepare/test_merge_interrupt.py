@@ -21,7 +21,7 @@ from PIL import Image
 
 from ..cli_run import cli
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("child_processes")]
 
 SHARD = "train-00000-of-00001.beton"
 

@@ -19,6 +19,8 @@ from PIL import Image
 from turbotrain.datasets import open_dataset
 from turbotrain.datasets.synthetic import write_shapes_imagefolder
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 

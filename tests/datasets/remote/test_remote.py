@@ -22,6 +22,8 @@ from turbotrain.datasets.remote.shard_cache import ShardCache, cache_key
 from turbotrain.datasets.remote.split import cache_settings
 from turbotrain.datasets.synthetic import RAW_SIDE, write_random_raw_dataset
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 REPO = Path(__file__).resolve().parents[3]
 SIDE = RAW_SIDE  # raw 32x32 RGB samples: 3 KiB each, exact pixels to compare
 

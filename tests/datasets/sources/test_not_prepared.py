@@ -15,6 +15,8 @@ from turbotrain.datasets import DatasetError, open_dataset
 
 from ..cli_run import one_line_error
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 
 def cli(*args, cwd=None) -> subprocess.CompletedProcess:
     """`turbotrain ARGS` in a child process, in `cwd` (the commands use relative paths)."""

@@ -21,7 +21,7 @@ from ..cli_run import cli, one_line_error
 from ..prepared_equal import assert_same_dataset
 from ..shard_fixtures import CLASSES, image_folder, samples, webdataset_shards
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("child_processes")]
 
 
 def options(**kw) -> PrepareOptions:

@@ -13,6 +13,8 @@ import pytest
 
 from ..conftest import REPO
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 

@@ -18,6 +18,8 @@ from turbotrain.train.engine.loader import Loader as LoaderClass
 from ..conftest import REPO
 from ..tiny_data import write_tiny_dataset
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 CPU = dict(device="cpu", workers=1, threads=1)
 
 

@@ -13,7 +13,7 @@ from turbotrain.train.records.checkpoint import checkpoint_path
 
 from ..conftest import logged_steps, signal_when, step_losses, train_subprocess
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("child_processes")]
 
 # resnet18 at 64 px keeps a CPU step near 0.1 s, time enough to kill the run mid-epoch.
 ARGS = ("--order", "quasi-random", "--order-window", 2, "--pipeline", "pytorch",

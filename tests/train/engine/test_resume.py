@@ -16,7 +16,7 @@ from ..conftest import logged_steps, read_jsonl, signal_when, step_losses, train
 
 # One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
 # fixture runs once, not once per worker: uninterrupted trains the reference runs.
-pytestmark = pytest.mark.xdist_group("resume")
+pytestmark = [pytest.mark.xdist_group("resume"), pytest.mark.usefixtures("child_processes")]
 
 # test-slow takes 50 ms a batch, so there is time to kill the run between checkpoints.
 ARGS = ("--pipeline", "test-slow", "--epochs", 3, "--batch-size", 8, "--log-every", 1,

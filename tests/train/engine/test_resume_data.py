@@ -4,9 +4,10 @@ run's config.yaml is rewritten. The refused command runs in a child process; the
 refuses to continue are trained in this one (seconds: the in-test pipeline)."""
 from __future__ import annotations
 
-import torch
-
 import subprocess
+
+import pytest
+import torch
 
 from tests.datasets.cli_run import one_line_error
 from turbotrain.train.records.checkpoint import checkpoint_path, save_atomic
@@ -14,6 +15,8 @@ from turbotrain.train.records.checkpoint import checkpoint_path, save_atomic
 from ..tiny_data import write_tiny_dataset
 
 from ..conftest import FAST, train_subprocess
+
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
 
 
 def _train_in_a_child(*args) -> subprocess.CompletedProcess:

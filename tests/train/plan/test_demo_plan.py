@@ -11,6 +11,8 @@ from turbotrain.train.config.duration import parse_duration
 from turbotrain.train.plan.demo_plan import demo_settings
 from turbotrain.train.plan.machine import Machine
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 # Issue 32: the demo's training must end within this on the 2-core box.
 DEMO_SECONDS = 120
 

@@ -18,6 +18,8 @@ from turbotrain.train.step.distributed import dist_env_from_environ
 from turbotrain.train.plan import (PRESETS, DatasetFacts, Machine, Observed, OpenedPipeline,
                                    WeightsFacts, plan)
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 GiB = 2**30
 
 # Datasets, as the facts a split gives (DatasetFacts.of).

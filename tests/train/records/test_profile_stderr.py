@@ -9,6 +9,8 @@ import pytest
 
 from ..conftest import FAST, train_subprocess
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 
 @pytest.mark.timeout(300)
 def test_profiling_on_a_cpu_leaves_stderr_to_the_run(tiny_dataset, tmp_path):

@@ -38,7 +38,7 @@ from ..conftest import REPO, logged_steps, read_jsonl, step_losses, wait_until
 
 # One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
 # fixture runs once, not once per worker: two_rank_run trains two ranks (~50 s).
-pytestmark = pytest.mark.xdist_group("ddp")
+pytestmark = [pytest.mark.xdist_group("ddp"), pytest.mark.usefixtures("child_processes")]
 
 TRAIN_IMAGES = 4096  # a multiple of the global batch (64): the shards cover the split exactly
 VAL_IMAGES = 1024

@@ -6,6 +6,8 @@ import pytest
 
 from ..conftest import REPO
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 # A fresh interpreter each time: glibc's mmap threshold adapts upwards as a process frees mmapped
 # blocks, so only a new process shows the default behaviour reliably.
 PROBE = """

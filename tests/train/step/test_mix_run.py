@@ -16,6 +16,8 @@ from turbotrain.train.step import mixing
 from ..conftest import (FAST, logged_steps, read_jsonl, signal_when, step_losses,
                         train_subprocess)
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 MIX = ("--mixup", "0.2", "--cutmix", "1.0", "--clip-grad", "1.0", "--scale", "0.5", "1",
        "--ratio", "0.8", "1.25")
 # test-slow: 50 ms a micro-batch, time to kill between checkpoints. 96 images / 8 / 2 = 6 steps

@@ -15,6 +15,8 @@ from turbotrain.train.engine import batch_finder as bf
 from turbotrain.train.tools.info_facts import pillow_build
 from turbotrain.train.tools.tune import worker_counts
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 
 @pytest.mark.timeout(60)
 def test_tune_sweeps_pipelines_and_recommends_a_train_command(cli, tiny_dataset, monkeypatch):

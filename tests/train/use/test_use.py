@@ -33,7 +33,8 @@ TRAIN, VAL, PNGS = 5000, 1000, 200
 
 # One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
 # fixture runs once, not once per worker: its fixtures train and evaluate a run (~23 s).
-pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("use")]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.xdist_group("use"),
+              pytest.mark.usefixtures("child_processes")]
 
 
 def _idx(name: str, offset: int, count: int, shape=()) -> np.ndarray:

@@ -24,7 +24,7 @@ from ..tiny_data import tiny_images, write_tiny_dataset
 
 # One pytest worker runs this whole module (make test: --dist loadgroup), so its module-scoped
 # fixture runs once, not once per worker: source_run trains the run others start from.
-pytestmark = pytest.mark.xdist_group("finetune")
+pytestmark = [pytest.mark.xdist_group("finetune"), pytest.mark.usefixtures("child_processes")]
 
 CPU = ("--device", "cpu")
 TINY_LR = ("--lr", "1e-12")  # one step that leaves the loaded weights as they were

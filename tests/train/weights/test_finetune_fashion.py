@@ -22,6 +22,8 @@ from turbotrain.train.records.report import read_metrics
 from ..conftest import logged_steps, signal_when, step_losses, train_subprocess
 from ..engine.test_fashion_mnist import FASHION
 
+pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
+
 NAMES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
          "Bag", "Ankle boot"]
 TARGET = 0.76
