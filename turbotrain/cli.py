@@ -66,6 +66,11 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing OUT that prepare-dataset made (never any other "
                         "folder); with --part: redo that part's files only")
+    p.add_argument("--classes", choices=["all", "present"], default="all",
+                   help="all (default): every class the source declares (CIFAR's, a "
+                        "ClassLabel's, integer labels 0..max), with its label id, even one "
+                        "with no images (a warning names them); present: only the classes "
+                        "with images in some split, renumbered 0..K-1 in the source's order")
     hf = p.add_argument_group("Hugging Face sources (Parquet, Arrow, save_to_disk)")
     hf.add_argument("--image-column", metavar="NAME", default=None,
                     help="the column of images (default: image, else img)")
@@ -134,7 +139,7 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
                              on_error=args.on_error, overwrite=args.overwrite, progress=progress,
                              limits=limits, allow_outside_root=args.allow_outside_root,
                              shard_size=shard_size, part=part, image_column=args.image_column,
-                             label_column=args.label_column)
+                             label_column=args.label_column, classes=args.classes)
     try:
         if args.engine == "ray":
             return _prepare_on_ray(args, options)
@@ -147,6 +152,7 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
         return 130
     if info["workers"]["note"]:
         print(f"{prog}: note: {info['workers']['note']}", file=sys.stderr)
+    _print_class_lines(prog, info["class_lines"])
     if part and info.get("skipped_as_done"):
         print(f"part {part[0]}/{part[1]} of {args.out} is already done with the same inputs: "
               f"skipped (--overwrite redoes it)")
@@ -170,11 +176,18 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
     return 0
 
 
+def _print_class_lines(prog: str, lines: list[str]) -> None:
+    """prepare's warnings and notes on classes with no images (sources/class_labels.py)."""
+    for line in lines:
+        print(f"{prog}: {printable(line)}", file=sys.stderr)
+
+
 def _prepare_on_ray(args: argparse.Namespace, options) -> int:
     # lazy: the Ray engine (and Ray) load only for --engine ray
     from .datasets.prepare.engine_ray import prepare_with_ray
     info, run = prepare_with_ray(args.source, args.out, options, parts=args.parts,
                                  address=args.address)
+    _print_class_lines("prepare-dataset", run.class_lines)
     written = sum(s["num_samples"] for s in info["splits"].values())
     print(f"prepared {args.out} on Ray: {run.parts} parts ({run.skipped} already done, "
           f"{run.ran} run, {run.parts_per_second:.2f} parts/s), merged: {written} images, "

@@ -124,25 +124,32 @@ def check_dataset_info(info: object, root: Path, check_files: bool = True) -> No
                                      "page_size": int, "shard_size": int}, fail)
     _check_object(info, "source", {"path": str, "kind": str, "fingerprint": str,
                                    "val_fraction": float}, fail)
+    dropped = (info.get("source") or {}).get("dropped_classes")
+    if dropped is not None:  # --classes present: the names left out, maybe none
+        _check_classes(dropped, fail, "source.dropped_classes", may_be_empty=True)
     _check_object(info, "turbotrain_version", None, fail)
 
 
-def _check_classes(classes: object, fail) -> None:
-    if not isinstance(classes, list) or not classes:
-        raise fail("classes", f"must be a non-empty list of class names, not {_shown(classes)}")
+def _check_classes(classes: object, fail, field: str = "classes",
+                   may_be_empty: bool = False) -> None:
+    if not isinstance(classes, list) or not (classes or may_be_empty):
+        raise fail(field, f"must be a{'' if may_be_empty else ' non-empty'} list of class "
+                          f"names, not {_shown(classes)}")
+    if not classes:
+        return
     if len(classes) > MAX_CLASSES:
-        raise fail("classes", f"lists {len(classes):,} names, more than the {MAX_CLASSES:,} "
-                              f"a dataset may have")
+        raise fail(field, f"lists {len(classes):,} names, more than the {MAX_CLASSES:,} "
+                          f"a dataset may have")
     # Whole-list checks first (18 ms for 200,000 names), the loop below only names the bad one.
     if (all(isinstance(name, str) for name in classes)
             and max(map(len, classes)) <= MAX_CLASS_NAME_CHARS and _is_unicode("".join(classes))):
         return
     for k, name in enumerate(classes):
         if not isinstance(name, str) or len(name) > MAX_CLASS_NAME_CHARS:
-            raise fail(f"classes[{k}]", f"must be a name of at most {MAX_CLASS_NAME_CHARS:,} "
+            raise fail(f"{field}[{k}]", f"must be a name of at most {MAX_CLASS_NAME_CHARS:,} "
                                         f"characters, not {_shown(name)}")
         if not _is_unicode(name):
-            raise fail(f"classes[{k}]", f"is not valid Unicode text: {_shown(name)}")
+            raise fail(f"{field}[{k}]", f"is not valid Unicode text: {_shown(name)}")
 
 
 def _check_split(name: str, meta: object, root: Path, fail, check_files: bool) -> None:

@@ -10,6 +10,7 @@ from turbotrain.datasets.errors import DatasetError
 from turbotrain.printable import printable
 
 from . import layout
+from .class_presence import ClassPresence, listed
 from .dataset_json import read_dataset_json
 from .split import file_sha256, open_split, split_paths
 
@@ -56,8 +57,10 @@ def describe(root: str | Path) -> str:
     if stats:
         lines.append("  pixel mean " + ", ".join(f"{v:.1f}" for v in stats["mean"])
                      + " / std " + ", ".join(f"{v:.1f}" for v in stats["std"]))
+    labels = {}
     for split in info["splits"]:
         ds = open_split(root, info, split)
+        labels[split] = ds.labels
         counts = np.bincount(ds.labels, minlength=len(classes)) if len(ds) else np.zeros(1)
         jpeg = int((ds.modes == layout.MODE_JPEG).sum())
         data = sum(float(ds.shard(k).sizes.sum()) for k in range(ds.num_shards))
@@ -70,7 +73,28 @@ def describe(root: str | Path) -> str:
         lines.append(
             f"  {printable(split)}: {len(ds)} images ({jpeg} jpeg, {len(ds) - jpeg} raw), "
             f"{_human(data)} of image data, {files}{sizes}")
-    return "\n".join(lines)
+    return "\n".join(lines + _class_lines(ClassPresence.of(classes, labels), source))
+
+
+def _class_lines(p: ClassPresence, source: dict) -> list[str]:
+    """What inspect says of classes with no images (prepare-dataset warned of them too)."""
+    lines = []
+    if len(p.present) == 1:
+        lines.append(f"  one class only: {p.names(p.present, _name)} has images; a classifier "
+                     f"needs at least 2")
+    if p.empty:
+        lines.append(f"  empty classes: {len(p.empty)} of {len(p.classes)} have no images: "
+                     f"{p.names(p.empty, _name)} (`prepare-dataset --classes present` leaves "
+                     f"them out)")
+    if p.without_train:
+        lines.append(f"  no train images: {len(p.without_train)} of {len(p.classes)} classes "
+                     f"have val images only: "
+                     f"{p.names(p.without_train, _name)}")
+    dropped = source.get("dropped_classes")
+    if dropped:
+        lines.append(f"  left out by --classes present: {len(dropped)} classes with no images: "
+                     f"{listed(dropped, _name)}")
+    return lines
 
 
 def verify(root: str | Path, progress: bool = True) -> list[str]:

@@ -29,6 +29,7 @@ from turbotrain.datasets.beton.dataset_json import DATASET_JSON
 from turbotrain.datasets.beton.sample_codec import ImageError, encode_sample
 from turbotrain.datasets.beton.split import file_sha256, split_filename
 from turbotrain.datasets.beton.writer import BetonWriter, SampleTooLarge
+from turbotrain.datasets.sources.class_labels import chosen_classes, class_lines
 from turbotrain.datasets.sources.detect import detect_source
 from turbotrain.datasets.sources.hf import Columns
 from turbotrain.datasets.sources.source import SourceError
@@ -257,6 +258,7 @@ def _prepare_locked(source_path, out: Path, options: PrepareOptions, on_progress
         info = _prepare_part(source, out, plans, options, workers, on_progress)
     info["seconds"] = time.perf_counter() - started
     info["workers"] = {"count": workers, "note": workers_note}  # for the CLI; not in dataset.json
+    info["class_lines"] = class_lines(source)  # for the CLI too
     return info
 
 
@@ -271,6 +273,8 @@ def plan_source(source_path, options: PrepareOptions) -> tuple:
             source = with_val_split(source, options.val_fraction, seed=options.seed)
         if options.shard_size is not None:  # shards of mixed classes (shuffled_train)
             source = shuffled_train(source, seed=options.seed)
+        # Last: the val carve and the train order above are the same whatever --classes.
+        source = chosen_classes(source, options.classes)
         plans = {split: plan_split(split, s, options.shard_size)
                  for split, s in source.splits.items()}
     except (SourceError, OutputFolderError, ShardPlanError) as e:
@@ -368,6 +372,9 @@ class _Told:
 
 def source_facts(source, options: PrepareOptions) -> dict:
     """What dataset.json says of the source (a part manifest carries it to `merge`)."""
-    return {"classes": list(source.classes), "path": str(Path(source.path).absolute()),
-            "kind": source.kind, "fingerprint": source.fingerprint(),
-            "val_fraction": options.val_fraction}
+    facts = {"classes": list(source.classes), "path": str(Path(source.path).absolute()),
+             "kind": source.kind, "fingerprint": source.fingerprint(),
+             "val_fraction": options.val_fraction}
+    if options.classes == "present":  # the names --classes present left out (maybe none)
+        facts["dropped_classes"] = list(source.dropped_classes)
+    return facts

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from turbotrain.datasets.remote.urls import is_url
+from turbotrain.datasets.sources.class_labels import class_lines
 
 from .convert import plan_source, prepare_dataset, source_facts
 from .merge import MergeError, merge
@@ -60,6 +61,7 @@ class EngineRun:
     ran: int = 0
     seconds: float = 0.0       # planning, the parts and the merge
     part_seconds: float = 0.0  # from the first task submitted to the last part in
+    class_lines: list[str] = dataclasses.field(default_factory=list)  # sources/class_labels.py
 
     @property
     def parts_per_second(self) -> float:
@@ -106,7 +108,7 @@ def prepare_with_ray(source_path: str | os.PathLike, out: str | os.PathLike,
                 cpus = int(ray.cluster_resources().get("CPU", 1))
                 parts = max(1, min(sum(p.num_shards for p in plans.values()),
                                    PARTS_PER_CPU * cpus))
-            run = EngineRun(parts)
+            run = EngineRun(parts, class_lines=class_lines(source))
             _check_part_count(out, parts)
             todo, images = _parts_to_do(out, source, plans, options, parts, run)
             _run_parts(ray, source_path, out, options, todo, images, run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from turbotrain.datasets.beton import layout
+from turbotrain.datasets.sources.class_labels import CLASS_CHOICES
 from turbotrain.files.untrusted import Limits
 
 
@@ -29,11 +30,15 @@ class PrepareOptions:
     part: tuple[int, int] | None = None  # (i, N): only part i's shards, plus its manifest
     image_column: str | None = None   # a Hugging Face source's columns (sources/hf.py);
     label_column: str | None = None   # None: image/img, label/labels
+    classes: str = "all"              # all | present (sources/class_labels.py)
 
 
 def check_options(options: PrepareOptions) -> None:
     if options.on_error not in ("fail", "skip"):
         raise PrepareError(f"--on-error must be fail or skip, not {options.on_error!r}")
+    if options.classes not in CLASS_CHOICES:
+        raise PrepareError(f"--classes must be {' or '.join(CLASS_CHOICES)}, not "
+                           f"{options.classes!r}")
     if options.encoding not in ("auto", "jpeg", "raw"):
         raise PrepareError(f"--encoding must be auto, jpeg or raw, not {options.encoding!r}")
     if not 1 <= options.quality <= 100:

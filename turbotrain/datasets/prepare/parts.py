@@ -116,7 +116,8 @@ def agreement(source: dict, encoding: dict, options, plans: dict[str, SplitPlan]
     return {
         "parts": parts,
         "turbotrain_version": __version__,
-        "source": {key: source[key] for key in ("kind", "fingerprint", "val_fraction", "classes")},
+        "source": {key: source[key] for key in ("kind", "fingerprint", "val_fraction", "classes",
+                                                "dropped_classes") if key in source},
         "encoding": encoding,
         "options": {"on_error": options.on_error, "seed": options.seed,
                     "allow_outside_root": options.allow_outside_root,

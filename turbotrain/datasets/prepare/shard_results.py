@@ -100,7 +100,8 @@ def encoding_facts(options, shard_size: int | None) -> dict:
 def dataset_info(source_facts: dict, encoding: dict, results: list[ShardResult],
                  sharded: bool) -> dict | None:
     """dataset.json from every shard's result (in split, then shard order); None when no image
-    at all was written. `source_facts`: classes, path, kind, fingerprint, val_fraction."""
+    at all was written. `source_facts`: classes, path, kind, fingerprint, val_fraction and,
+    with --classes present, dropped_classes."""
     by_split: dict[str, list[ShardResult]] = {}
     for r in results:
         by_split.setdefault(r.split, []).append(r)
@@ -122,7 +123,8 @@ def dataset_info(source_facts: dict, encoding: dict, results: list[ShardResult],
         "pixel_stats": stats,
         "encoding": encoding,
         "source": {key: source_facts[key]
-                   for key in ("path", "kind", "fingerprint", "val_fraction")},
+                   for key in ("path", "kind", "fingerprint", "val_fraction", "dropped_classes")
+                   if key in source_facts},  # dropped_classes: only with --classes present
     }
 
 

@@ -3,6 +3,8 @@
 Both are pure functions of the source and a seed, the same on every machine and every --part."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from turbotrain.datasets.beton.layout import MAX_CLASSES
@@ -33,7 +35,7 @@ def with_val_split(source: Source, fraction: float, seed: int = 0) -> Source:
         is_val[order[start:start + count][np.argsort(keys, kind="stable")[:take]]] = True
     splits = {"train": train.subset(np.flatnonzero(~is_val)),
               "val": train.subset(np.flatnonzero(is_val))}
-    return Source(source.kind, source.path, source.classes, splits, source.content_files)
+    return dataclasses.replace(source, splits=splits)
 
 
 def shuffled_train(source: Source, seed: int = 0) -> Source:
@@ -49,7 +51,7 @@ def shuffled_train(source: Source, seed: int = 0) -> Source:
     if train is None or len(train) < 2:
         return source
     splits = {**source.splits, "train": train.subset(shuffled_order(len(train), seed))}
-    return Source(source.kind, source.path, source.classes, splits, source.content_files)
+    return dataclasses.replace(source, splits=splits)
 
 
 def shuffled_order(count: int, seed: int = 0) -> np.ndarray:

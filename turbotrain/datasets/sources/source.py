@@ -173,6 +173,9 @@ class Source:
     # Files read whole (archives, idx, npz, the CSV list itself): fingerprinted by size, mtime
     # and their first and last MiB. Image files of FileSplits: by size and mtime only.
     content_files: tuple[Path, ...] = field(default=())
+    # Classes the source declares but has no image of, left out by `--classes present`
+    # (class_labels.py); the labels are then renumbered over the classes kept.
+    dropped_classes: tuple[str, ...] = ()
 
     def fingerprint(self) -> str:
         """sha256 hex of what the samples are read from; changes when a file is added, removed,
