@@ -372,7 +372,10 @@ def test_collective_failures_are_told_apart_and_explained():
                          "caused by a remote worker hanging")
     timed_out = RuntimeError("[/w/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
                              "Timed out waiting 5000ms for recv operation to complete")
+    closed = RuntimeError("Application timeout caused pair closure")  # bare: no source path
     assert is_collective_failure(reset) and is_collective_failure(timed_out)
+    assert is_collective_failure(closed)
+    assert is_collective_failure(RuntimeError("Connection closed by peer [127.0.0.1]:5"))
     assert is_collective_failure(dist.DistBackendError("NCCL watchdog"))
     assert not is_collective_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
     assert not is_collective_failure(TrainError("--data is required"))
@@ -382,6 +385,7 @@ def test_collective_failures_are_told_apart_and_explained():
     assert "[Read error [127.0.0.1]:32916: Connection reset by peer]" in line
     assert "--out runs/x --resume" in line and "\n" not in line
     assert "within --dist-timeout 300 s" in explain_collective_failure(timed_out, env, 300)
+    assert "within --dist-timeout 300 s" in explain_collective_failure(closed, env, 300)
 
 
 # ---------------------------------------------------------------------------- the harness

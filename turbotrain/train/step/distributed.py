@@ -156,13 +156,17 @@ def broadcast_object(value, env: DistEnv):
 # "[.../third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error ...: Connection reset by
 # peer"; NCCL and the c10d store raise torch.distributed.DistError subclasses.
 _GLOO_SOURCE = "/gloo/"
+# ...but a pair gloo closed itself raises these bare (DDP's buffer broadcast in a forward met
+# one when the other rank stopped answering): its own texts, from torch 2.14's libtorch_cpu.
+_GLOO_BARE_MESSAGES = ("Application timeout caused pair closure", "Connection closed by peer")
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\]\s*")
 
 
 def is_collective_failure(exc: BaseException) -> bool:
     if isinstance(exc, dist.DistError):
         return True
-    return isinstance(exc, RuntimeError) and _GLOO_SOURCE in str(exc)
+    text = str(exc) if isinstance(exc, RuntimeError) else ""
+    return _GLOO_SOURCE in text or any(text.startswith(m) for m in _GLOO_BARE_MESSAGES)
 
 
 def report_collective_failures_before_sigterm(env: DistEnv):
