@@ -25,6 +25,7 @@ from ..models.models import Classifier, build_model, deterministic_global_pools
 from ..plan import DatasetFacts, Machine, Observed, Plan, plan
 from ..records import checkpoint as ckpt
 from ..step import host_memory
+from ..step.cpu_conv_guard import guard_strided_convs
 from ..step.device import ThreadPlan, apply_torch_threads, use_device
 from ..step.distributed import (DistEnv, broadcast_object, convert_sync_batchnorm,
                                 init_process_group, wrap_model)
@@ -205,6 +206,8 @@ def _place_model(model: Classifier, planned: Plan, env: DistEnv, init_pipeline, 
         _data_init(model, init_pipeline, config)
     model.to(device, memory_format=torch.channels_last if config.channels_last else
              torch.contiguous_format)
+    if device.type == "cpu" and config.precision != "fp32":
+        guard_strided_convs(model)  # oneDNN's bf16 backward on a 1x1 input: cpu_conv_guard.py
     if config.sync_bn:
         model, why = convert_sync_batchnorm(model, env, device)
         decide("sync_bn", env.enabled, why)
