@@ -274,6 +274,29 @@ def test_a_bad_jpeg_is_one_line_naming_the_first_bad_sample(tmp_path, damage, re
         ahead.close()
 
 
+def without_segment(jpeg: bytes, marker: bytes) -> bytes:
+    """`jpeg` with every `marker` segment before its first scan left out."""
+    kept, at = bytearray(jpeg[:2]), 2
+    while jpeg[at:at + 2] != b"\xff\xda":
+        length = int.from_bytes(jpeg[at + 2:at + 4], "big")
+        if jpeg[at:at + 2] != marker:
+            kept += jpeg[at:at + 2 + length]
+        at += 2 + length
+    return bytes(kept + jpeg[at:])
+
+
+def test_a_sample_decodes_alike_whatever_its_thread_decoded_before(tmp_path):
+    """libjpeg keeps an image's tables for the next one: sample 1, a JPEG that lost its DQT
+    segment, decoded with sample 0's tables after it (a silently wrong image) but failed on a
+    fresh thread, so inline and pooled runs disagreed (the ASan fuzz saw it 1 run in 6)."""
+    path = broken_split(tmp_path, {1: lambda b: without_segment(b, b"\xff\xdb")})
+    decoder = BatchDecoder(open_dataset(path), image_size=32, train=False, seed=0)
+    alone, after_sample_0 = (decoder.decode_all(np.asarray(ix), 0, np.zeros(
+        (len(ix), 32, 32, 3), np.uint8)) for ix in ([1], [0, 1]))
+    assert alone == [(0, "Quantization table 0x00 was not defined")], alone
+    assert after_sample_0 == [(1, "Quantization table 0x00 was not defined")], after_sample_0
+
+
 def test_truncation_is_seen_whatever_the_box(tmp_path):
     """A crop decode stops at the box's last row; a file that does not end in an EOI marker is
     decoded to its end anyway, so its truncation fails the sample even when the box is above the
