@@ -69,8 +69,11 @@ def local(photos, tmp_path_factory):
     return out
 
 
-def test_engine_run_equals_the_local_run(ray_cluster, photos, local, tmp_path):
-    info, run = prepare_with_ray(photos, tmp_path / "ds", options(), parts=PARTS)
+def test_engine_run_equals_the_local_run(ray_cluster, photos, local, tmp_path, monkeypatch):
+    # SOURCE relative to the driver's folder, which the workers do not share (on a cluster
+    # they start where `ray start` ran): the tasks are given its absolute path.
+    monkeypatch.chdir(photos.parent)
+    info, run = prepare_with_ray(photos.name, tmp_path / "ds", options(), parts=PARTS)
     assert (run.parts, run.skipped, run.ran) == (PARTS, 0, PARTS)
     same_folders(tmp_path / "ds", local)  # byte for byte: dataset.json and all 17 shards
     assert sum(s["num_samples"] for s in info["splits"].values()) == 60
@@ -121,6 +124,22 @@ def test_a_killed_driver_run_again_skips_the_done_parts(ray_cluster, photos, loc
     assert 1 <= done_before < PARTS and not (out / "dataset.json").exists()
     info, run = prepare_with_ray(photos, out, options(), parts=PARTS)
     assert (run.skipped, run.ran) == (done_before, PARTS - done_before)
+    same_folders(out, local)
+
+
+def test_parts_done_by_hand_are_skipped_and_a_changed_shard_redone(ray_cluster, photos, local,
+                                                                    tmp_path):
+    """Parts already done with --part (by Slurm, say) are skipped by the engine once their task
+    has checked their shards' sha256; the part whose shard changed (same size) is redone."""
+    out = tmp_path / "ds"
+    for k in range(PARTS):
+        prepare_dataset(photos, out, options(workers=1, part=(k, PARTS)))
+    victim = out / "train-00005-of-00011.beton"
+    data = bytearray(victim.read_bytes())
+    data[-30] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    info, run = prepare_with_ray(photos, out, options(), parts=PARTS)
+    assert (run.skipped, run.ran) == (PARTS - 1, 1)
     same_folders(out, local)
 
 

@@ -251,3 +251,12 @@ def test_cli_parts_with_the_smallest_shard_size(tmp_path):
     assert cli("merge", tmp_path / "parts").returncode == 0
     same_folders(tmp_path / "parts", tmp_path / "whole")
     assert open_dataset(tmp_path / "whole").num_shards == 3
+
+
+@pytest.mark.parametrize("part", [[], ["--part", "0/2"]])
+def test_an_object_storage_out_is_refused_in_one_line(photos, tmp_path, monkeypatch, part):
+    """Path('s3://b/x') would be the local folder ./s3:/b/x: refused before anything is made."""
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(cli("prepare", photos, "s3://bucket/x", "--shard-size", "8MiB", *part))
+    assert line.startswith("prepare-dataset: error: s3://bucket/x: OUT must be a folder") and "upload" in line, line
+    assert os.listdir(tmp_path) == []

@@ -29,6 +29,7 @@ from turbotrain.datasets.beton.dataset_json import DATASET_JSON
 from turbotrain.datasets.beton.sample_codec import ImageError, encode_sample
 from turbotrain.datasets.beton.split import file_sha256, split_filename
 from turbotrain.datasets.beton.writer import BetonWriter, SampleTooLarge
+from turbotrain.datasets.remote.urls import is_url
 from turbotrain.datasets.sources.class_labels import chosen_classes, class_lines
 from turbotrain.datasets.sources.detect import detect_source
 from turbotrain.datasets.sources.hf import Columns
@@ -228,6 +229,7 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
     "skipped_as_done" is True when the part was already done with the same inputs).
     `on_progress(n)` is told of every n images written (the Ray engine's progress)."""
 
+    check_out_is_local(out)
     out = Path(out).absolute()
     check_options(options)
     try:  # OUT's checks below hold until the end: no other prepare-dataset writes it meanwhile
@@ -238,6 +240,14 @@ def prepare_dataset(source_path: str | os.PathLike, out: str | os.PathLike,
         raise PrepareError(str(e)) from e
     with lock:
         return _prepare_locked(source_path, out, options, on_progress)
+
+
+def check_out_is_local(out) -> None:
+    """OUT is a folder (local or shared); Path() would turn s3://b/x into a local ./s3:/b/x."""
+    if is_url(str(out)):
+        raise PrepareError(f"{out}: OUT must be a folder every writer can reach (local or a shared "
+                           f"filesystem); the remote layer only reads object storage: prepare "
+                           f"into a folder, then upload it (docs/PREPARE_AT_SCALE.md)")
 
 
 def _prepare_locked(source_path, out: Path, options: PrepareOptions, on_progress) -> dict:

@@ -1,16 +1,20 @@
 """`prepare-dataset SOURCE OUT --shard-size S --engine ray [--parts N] [--address ADDR]`: the
 parts of a `--part i/N` conversion run as Ray tasks, then `merge`.
 
-The driver (this process) reads SOURCE once to plan the shards, skips the parts already done
-with the same inputs (part_status.py), and submits one task a part: each runs
-`prepare_dataset(..., part=(i, N), workers=1)` on a worker of the cluster, one CPU each, so
-Ray puts as many parts side by side as there are cores. A task that dies with its worker or
-node (SIGKILL, OOM killer, a lost machine) is run again by Ray (`max_retries`): the part's own
-idempotence makes that safe (an interrupted part leaves no manifest, and its hidden folder is
-removed by the next try; a finished one is skipped). When every part is in, `merge` writes
-dataset.json: the folder is byte-identical to `prepare-dataset SOURCE OUT --shard-size S`
-on one machine (the shard plan does not depend on N, each shard is written by the same code in
-source order, and merge builds dataset.json from the manifests as one machine would).
+The driver (this process) reads SOURCE once to plan the shards, refuses in one line a part in
+OUT done with other inputs (part_status.py), and submits one task a part, done ones included:
+each runs `prepare_dataset(..., part=(i, N), workers=1)` on a worker of the cluster, one CPU
+each, so Ray puts as many parts side by side as there are cores. A part already done with the
+same inputs (by an earlier run, or by hand with --part) is skipped once its task has checked
+its shards' sha256 against its manifest, and redone if one differs. A task that dies with its
+worker or node (SIGKILL, OOM killer, a lost machine) is run again by Ray (`max_retries`): the
+part's own idempotence makes that safe (an interrupted part leaves no manifest, and its hidden
+folder is removed by the next try). When every part is in, `merge` checks the manifests and the
+shards' sizes, reading no shard (each one was hashed by the task that wrote or checked it, in
+parallel on the nodes), and writes dataset.json: the folder is byte-identical to
+`prepare-dataset SOURCE OUT --shard-size S` on one machine (the shard plan does not depend on
+N, each shard is written by the same code in source order, and merge builds dataset.json from
+the manifests as one machine would).
 
 Every node must see SOURCE and OUT at the same paths (a shared filesystem) and have turbotrain
 installed. Ray is optional (`pip install 'turbotrain[ray]'`); this module imports it only when
@@ -23,16 +27,15 @@ import os
 import time
 from pathlib import Path
 
-from turbotrain.datasets.remote.urls import is_url
 from turbotrain.datasets.sources.class_labels import class_lines
 
-from .convert import plan_source, prepare_dataset, source_facts
-from .merge import MergeError, merge
+from .convert import check_out_is_local, plan_source, prepare_dataset, source_facts
+from .merge import MergeError, check_checksums, merge
 from .options import PrepareError, PrepareOptions, check_options
 from .output_folder import OutputFolderError, check_not_overlapping, lock_output
 from .part_status import finished_part, part_counts
 from .parts import PARTS_DIR, agreement, check_part_output, part_shard_ids
-from .shard_results import encoding_facts
+from .shard_results import ShardResult, encoding_facts
 
 INSTALL_HINT = "--engine ray needs Ray: pip install 'turbotrain[ray]'"
 # Ray re-runs a task whose worker or node died this many times (then the part is one line).
@@ -55,7 +58,8 @@ def import_ray():
 
 @dataclasses.dataclass
 class EngineRun:
-    """What the driver did: parts in all, done before it started, run now; its seconds."""
+    """What the driver did: parts in all, found done (their shards' sha256 checked by their
+    tasks), run now; its seconds."""
     parts: int
     skipped: int = 0
     ran: int = 0
@@ -75,10 +79,7 @@ def prepare_with_ray(source_path: str | os.PathLike, out: str | os.PathLike,
     connected to, else a local one on this machine's cores), then merges; returns
     (dataset.json's content, what the driver did)."""
     started = time.perf_counter()
-    if is_url(str(out)):
-        raise PrepareError(f"{out}: OUT must be a folder every node can write (a shared "
-                           f"filesystem); the remote layer only reads object storage: prepare "
-                           f"into a shared folder, then upload it (docs/PREPARE_AT_SCALE.md)")
+    check_out_is_local(out)
     if options.shard_size is None:
         raise PrepareError("--engine ray needs --shard-size: parts are made of whole shards "
                            "(e.g. --shard-size 1GB --engine ray)")
@@ -110,13 +111,14 @@ def prepare_with_ray(source_path: str | os.PathLike, out: str | os.PathLike,
                                    PARTS_PER_CPU * cpus))
             run = EngineRun(parts, class_lines=class_lines(source))
             _check_part_count(out, parts)
-            todo, images = _parts_to_do(out, source, plans, options, parts, run)
-            _run_parts(ray, source_path, out, options, todo, images, run)
+            images = _part_images(out, source, plans, options, parts)
+            # The tasks get SOURCE's absolute path: a worker does not start in this folder.
+            _run_parts(ray, source_abs, out, options, images, run)
         finally:
             if owned:
                 ray.shutdown()
-        try:
-            info = merge(out)
+        try:  # each task checked its part's shards' sha256 (run_part): merge reads none
+            info = merge(out, hash_shards=False)
         except MergeError as e:
             raise PrepareError(str(e)) from e
     run.seconds = time.perf_counter() - started
@@ -145,51 +147,51 @@ def _check_part_count(out: Path, parts: int) -> None:
                            f"--parts {other[0]} to finish it, or choose another OUT")
 
 
-def _parts_to_do(out: Path, source, plans: dict, options: PrepareOptions, parts: int,
-                 run: EngineRun) -> tuple[list[int], dict[int, int]]:
-    """The parts not yet done with these inputs, and every part's image count."""
+def _part_images(out: Path, source, plans: dict, options: PrepareOptions,
+                 parts: int) -> dict[int, int]:
+    """Every part's image count; a PrepareError, before any task starts, when a part in OUT
+    is done with other inputs (each task decides again whether its part is done)."""
     facts, encoding = source_facts(source, options), encoding_facts(options, options.shard_size)
-    todo, images = [], {}
+    agreed = agreement(facts, encoding, options, plans, parts)
+    images = {}
     for k in range(parts):
         ids = part_shard_ids(plans, k, parts)
         images[k] = sum(int(plans[split].bounds[i + 1] - plans[split].bounds[i])
                         for split, shard_ids in ids.items() for i in shard_ids)
         try:
-            done = finished_part(out, (k, parts), agreement(facts, encoding, options, plans,
-                                                            parts), options.overwrite)
+            finished_part(out, (k, parts), agreed, options.overwrite)
         except OutputFolderError as e:
             raise PrepareError(str(e)) from e
-        if done is None:
-            todo.append(k)
-        else:
-            run.skipped += 1
-    return todo, images
+    return images
 
 
-def _run_parts(ray, source_path, out: Path, options: PrepareOptions, todo: list[int],
-               images: dict[int, int], run: EngineRun) -> None:
+def _run_parts(ray, source_path, out: Path, options: PrepareOptions, images: dict[int, int],
+               run: EngineRun) -> None:
+    """One task a part, done ones included (they check their shards' checksums, in parallel
+    on the nodes, instead of merge reading every shard on this one)."""
     from tqdm import tqdm
     board = ray.remote(num_cpus=0)(ProgressBoard).remote()
     task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(run_part)
     started = time.perf_counter()
     pending = {}
-    for k in todo:
+    for k in images:
         part_options = dataclasses.replace(options, part=(k, run.parts), workers=1,
                                            progress=False)
         pending[task.remote(str(source_path), str(out), part_options, board)] = k
-    skipped_images = sum(n for k, n in images.items() if k not in todo)
+    skipped_images = 0  # of the parts found done: not written again, so never on the board
     bars = dict(disable=not options.progress, dynamic_ncols=True, leave=True)
-    with tqdm(total=run.parts, initial=run.skipped, desc="parts", unit="part", position=0,
-              **bars) as parts_bar, \
-            tqdm(total=sum(images.values()), initial=skipped_images, desc="images",
-                 unit="img", position=1, **bars) as images_bar:
+    with tqdm(total=run.parts, desc="parts", unit="part", position=0, **bars) as parts_bar, \
+            tqdm(total=sum(images.values()), desc="images", unit="img", position=1,
+                 **bars) as images_bar:
         try:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=REPORT_SECONDS)
                 for ref in ready:
-                    result = _result(ray, ref, pending.pop(ref), run.parts)
+                    part = pending.pop(ref)
+                    result = _result(ray, ref, part, run.parts)
                     run.ran += not result["skipped"]
                     run.skipped += result["skipped"]
+                    skipped_images += images[part] if result["skipped"] else 0
                     parts_bar.update(1)
                 if options.progress:
                     written = ray.get(board.total.remote(), timeout=60)
@@ -215,16 +217,32 @@ def _result(ray, ref, part: int, parts: int) -> dict:
 
 
 def run_part(source_path: str, out: str, options: PrepareOptions, board) -> dict:
-    """One Ray task: part options.part of the conversion, its images told to `board`. A
-    PrepareError comes back as a value (raised by the driver in one line, not retried)."""
+    """One Ray task: part options.part of the conversion, its images told to `board`. A part
+    found done has its shards' sha256 checked against its manifest, and is redone if one
+    differs. A PrepareError comes back as a value (raised by the driver in one line, not
+    retried)."""
     part = options.part[0]
     teller = _Teller(board, part)
     try:
         manifest = prepare_dataset(source_path, out, options, on_progress=teller)
+        skipped = bool(manifest.get("skipped_as_done"))
+        if skipped and not _checksums_hold(Path(out), manifest, options.part):
+            manifest = prepare_dataset(source_path, out, dataclasses.replace(
+                options, overwrite=True), on_progress=teller)
+            skipped = False
     except PrepareError as e:
         return {"part": part, "error": str(e)}
     teller.flush()
-    return {"part": part, "skipped": bool(manifest.get("skipped_as_done"))}
+    return {"part": part, "skipped": skipped}
+
+
+def _checksums_hold(out: Path, manifest: dict, part: tuple[int, int]) -> bool:
+    results = [ShardResult.from_json(entry) for entry in manifest["shards"]]
+    try:
+        check_checksums(out, results, {r.file: f"{part[0]}/{part[1]}" for r in results})
+    except MergeError:
+        return False
+    return True
 
 
 class ProgressBoard:

@@ -9,7 +9,8 @@ it is already done with the same inputs (skipped), not done (redone), or done wi
 requeue) and a rerun after a crash safe.
 
 Checking is cheap on purpose: manifests are read (size-capped, as merge reads them) and shards
-are `lstat`ed, never read; `merge` still hashes every shard against its manifest's sha256.
+are `lstat`ed, never read. `turbotrain merge` then hashes every shard against its manifest's
+sha256; the Ray engine's merge does not, as its tasks checked their parts' hashes already.
 """
 from __future__ import annotations
 
