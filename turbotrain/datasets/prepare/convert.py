@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable
@@ -145,9 +145,7 @@ def _encoded_chunks(split_source, options: PrepareOptions, workers: int,
     chunks = _chunks(ranges)
     tasks = _tasks(split_source, chunks)
     if workers <= 1:
-        _init_worker(split_source, options)
-        for task in tasks:
-            yield _encode_range(task)
+        yield from _encoded_on_a_thread(split_source, options, tasks)
         return
     # fork: workers inherit the (possibly large, array-backed) source without pickling it.
     # ProcessPoolExecutor, not multiprocessing.Pool: a worker that dies (OOM killer, a crash in
@@ -173,6 +171,25 @@ def _encoded_chunks(split_source, options: PrepareOptions, workers: int,
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         release_cv2()
+
+
+def _encoded_on_a_thread(split_source, options: PrepareOptions, tasks):
+    """--workers 1 (and each part of a Ray run, one CPU a task): the chunks are encoded on one
+    thread while this one writes, since simplejpeg's decode, sha256 and the writes all release
+    the GIL: writing in line left the core idle ~11 % of a 2,400-photo run (3.2 s wall, 2.9 s
+    CPU)."""
+    _init_worker(split_source, options)
+    encoder = ThreadPoolExecutor(1, thread_name_prefix="turbotrain-encode")
+    pending: deque = deque()
+    try:
+        for task in tasks:
+            pending.append(encoder.submit(_encode_range, task))
+            if len(pending) > IN_FLIGHT_PER_WORKER:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        encoder.shutdown(wait=True, cancel_futures=True)
 
 
 def _write_shards(split: str, split_source, plan: SplitPlan, shard_ids: list[int],

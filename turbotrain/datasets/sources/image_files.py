@@ -125,6 +125,10 @@ def _images_under(folder: str, root: Path, links: set[str]) -> list[str]:
     and scandir says which entries are links without a system call per file."""
     found = []
     pending = [folder]
+    # Every path below starts with root's own spelling (scandir joins names onto it), so
+    # cutting that prefix is relpath's answer; relpath itself cost 20 us a file (0.5 s of a
+    # 24,000-photo listing, paid again by every part of a Ray or Slurm run).
+    prefix = os.path.join(os.fspath(root), "")
     while pending:
         with os.scandir(pending.pop()) as entries:
             for entry in entries:
@@ -133,7 +137,8 @@ def _images_under(folder: str, root: Path, links: set[str]) -> list[str]:
                 if entry.is_dir(follow_symlinks=False):
                     pending.append(entry.path)
                 elif _is_image_name(entry.name):
-                    relative = os.path.relpath(entry.path, root)
+                    relative = (entry.path[len(prefix):] if entry.path.startswith(prefix)
+                                else os.path.relpath(entry.path, root))
                     found.append(relative)
                     if entry.is_symlink():
                         links.add(relative)
