@@ -228,7 +228,7 @@ def _wait_for(condition, *, what: str, timeout: float = 90):
 
 def test_bench_prepare_ray_smoke(ray_cluster, tmp_path):
     """bench/bench_prepare_ray.py end to end at 40 photos on the session's cluster (the real
-    benchmark is 2,400 photos: `make bench`); its JSON is what report.py renders."""
+    benchmark is 2,400 and 24,000 photos: `make bench`); its JSON is what report.py renders."""
     repo = Path(__file__).resolve().parents[3]
     result = subprocess.run([sys.executable, str(repo / "bench" / "bench_prepare_ray.py"),
                              "--images", "40", "--repeats", "1", "--json",
@@ -236,5 +236,7 @@ def test_bench_prepare_ray_smoke(ray_cluster, tmp_path):
                             capture_output=True, text=True, timeout=170, cwd=repo)
     assert result.returncode == 0, result.stderr[-2000:]
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["images"] == 40 and data["byte_identical"] is True
-    assert data["ratio"] > 0 and data["driver_parts_per_second"] > 0 and data["parts"] == 1
+    [size] = data["sizes"]
+    assert size["images"] == 40 and size["byte_identical"] is True
+    assert size["ratio"] > 0 and size["driver_parts_per_second"] > 0 and size["parts"] == 1
+    assert data["goals"][0]["ratio"] == size["ratio"] and "40 photos" in data["goals"][0]["what"]
