@@ -7,9 +7,10 @@ through ``device="mixed"``; elsewhere DALI runs CPU-only (``device_id=None``) wi
 The graph itself is in dali_graph.py. What this module adds around it:
 
 * Order: our `_BatchFeed` hands DALI's ``external_source`` the batches of `order.order_for`
-  (random or quasi-random, the same as every pipeline's: sharding, resume at batch k, determinism), together with the
-  crop boxes and flips `augment` draws for them. Labels never enter DALI: they are looked up
-  for the same indices here, so they cannot get out of step with the images.
+  (random or quasi-random, the same as every pipeline's: each rank's slice, resume at batch k,
+  determinism), together with the crop boxes and flips `augment` draws for them. Labels
+  never enter DALI: they are looked up for the same indices here, so they cannot get out of
+  step with the images.
 * Threads: DALI's ``num_threads`` comes from the thread budget (``options.workers``, else
   `workers.choose_workers`), never DALI's default, so DALI and torch do not fight for cores.
 * Hand-over: DALI 2's dynamic executor returns fresh output buffers each step; they are wrapped

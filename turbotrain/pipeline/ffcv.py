@@ -19,8 +19,8 @@ Where we depart from FFCV's defaults, and why:
   is the contract's. We skip ``Loader.__iter__`` (five lines) and hand FFCV's epoch iterator
   the concatenated batches of `order.order_for` for this rank (random or quasi-random: FFCV
   reads whatever indices it is given), so `ffcv` yields the same batches as every other
-  pipeline: same sharding (DistributedSampler-style ``rank::world``,
-  which is what FFCV's ``distributed=True`` would do, so we leave it False rather than shard
+  pipeline: the same rank's slice (DistributedSampler-style ``rank::world``,
+  which is what FFCV's ``distributed=True`` would do, so we leave it False rather than slice
   twice), same drop_last, resume at batch k.
 * Augmentation: the shared boxes (see ffcv_decoder.py), not numba's unseeded RNG.
 * Hangs: an exception in FFCV's thread kills it silently and ``next()`` then waits forever on
