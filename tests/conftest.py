@@ -6,10 +6,19 @@ longer. A module's tests stay together, so that its module-scoped fixture is set
 slow tests alone first split test_ddp and ran its 46 s two-rank fixture twice)."""
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from .fast_lane import (_fast_lane_guard, child_processes, pytest_addoption,  # noqa: F401
                         pytest_configure, select)
+
+# A suite started in the background of a non-interactive shell (`bash -c '... &'`, nohup)
+# inherits SIGINT ignored, and so would every child it starts: the tests that press Ctrl-C on a
+# child then saw it finish its work instead (exit 0, not 130). Python's own handler here makes
+# the children start with SIGINT at its default, as under a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 NO_GPU = ("needs a CUDA GPU (torch.cuda.is_available() is False); on a GPU machine run "
           "`make gpu-check` or `pytest -m cuda`")
