@@ -108,6 +108,31 @@ def test_curves_without_a_val_split_draw_no_empty_accuracy_panels(tmp_path, monk
                                  "accuracy on"
 
 
+def test_curves_draw_where_a_target_or_budget_stopped_the_run(tmp_path, monkeypatch):
+    """A `stop` record (--target-accuracy, --time-budget) is a labelled vertical line on every
+    panel, at its wall time on the left and its epoch on the right."""
+    from turbotrain.train.records import report
+    log = MetricsLog(tmp_path)
+    for step in range(1, 9):
+        log.write({"kind": "step", "step": step, "loss": 1.0 / step, "epoch": step // 5,
+                   "epoch_float": step / 4, "time": float(step)})
+    log.write({"kind": "epoch", "epoch": 0, "epoch_float": 1.0, "step": 4, "time": 4.0,
+               "val_loss": 0.7, "val_accuracy": 0.6})
+    log.write({"kind": "stop", "reason": "target_accuracy", "step": 6, "epoch_float": 1.5,
+               "time": 6.5})
+    drawn = {}
+    save = report.save_figure
+
+    def keep(fig, path, **kwargs):
+        drawn["stops"] = [[(line.get_xdata()[0], line.get_label()) for line in ax.get_lines()
+                           if line.get_label().startswith("stopped")] for ax in fig.axes]
+        return save(fig, path, **kwargs)
+    monkeypatch.setattr(report, "save_figure", keep)
+    assert plot_curves(tmp_path).is_file()
+    by_time, by_epoch = [(6.5, "stopped: target accuracy")], [(1.5, "stopped: target accuracy")]
+    assert drawn["stops"] == [by_time, by_epoch, by_time, by_epoch]  # loss row, accuracy row
+
+
 class _Terminal:
     def __init__(self):
         self.text = ""

@@ -131,6 +131,24 @@ def test_timeline_state_round_trips_through_a_checkpoint_and_refuses_damage(tmp_
         StepTimeline().load_state_dict({})
 
 
+def test_timeline_draws_the_step_where_a_target_or_budget_stopped_the_run(tmp_path,
+                                                                          monkeypatch):
+    from turbotrain.train.records import timeline as timeline_module
+    timeline = StepTimeline(max_points=8)
+    timeline.add([StepTime(i, 0.01, 0.02) for i in range(1, 41)])
+    timeline.stopped = (37, "time_budget")
+    drawn = {}
+    save = timeline_module.save_figure
+
+    def keep(fig, path, **kwargs):
+        drawn["stops"] = [(line.get_xdata()[0], line.get_label()) for ax in fig.axes
+                          for line in ax.get_lines() if line.get_label().startswith("stopped")]
+        return save(fig, path, **kwargs)
+    monkeypatch.setattr(timeline_module, "save_figure", keep)
+    assert timeline.plot(tmp_path / "timeline.png").is_file()
+    assert drawn["stops"] == [(37, "stopped: time budget")]
+
+
 def test_profile_writes_a_trace_with_the_data_loading_range(train_cli, tiny_dataset, tmp_path):
     out = tmp_path / "run"
     code, stdout, err = train_cli("--data", tiny_dataset, "--out", out, "--epochs", 1,
