@@ -75,6 +75,15 @@ def test_each_foreign_flag_names_a_flag_that_exists():
         assert hint("turbotrain train", flag, known) == text
 
 
+def test_close_flags_are_found_by_name_not_by_the_shared_dashes():
+    """difflib on whole flags counted the leading "--": `--bogus` was "close" to `--out`."""
+    known = build_parser("train")._subparsers._group_actions[0].choices["train"].flags()
+    prog = "turbotrain train"
+    assert hint(prog, "--bogus", known) == f"not a flag of {prog} (see {prog} --help)"
+    assert hint(prog, "--workres", known).startswith("did you mean --workers")
+    assert hint(prog, "--bacth-size", known).startswith("did you mean --batch-size")
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("argv, says", [
     (["train", "--data", "d", "--amp"], "unknown flag --amp: use --precision bf16|fp16"),

@@ -135,7 +135,9 @@ def hint(prog: str, flag: str, known: list[str]) -> str:
     longer = sorted(k for k in known if k.startswith(flag) and len(flag) > 2)
     if longer:
         return f"did you mean {' or '.join(longer[:3])}? (flags are not abbreviated)"
-    close = difflib.get_close_matches(flag, known, n=3, cutoff=0.6)
+    # Compared without their leading dashes: the shared "--" made `--bogus` "close" to `--out`.
+    names = {k.lstrip("-"): k for k in known}
+    close = difflib.get_close_matches(flag.lstrip("-"), list(names), n=3, cutoff=0.6)
     if close:
-        return f"did you mean {' or '.join(close)}?"
+        return f"did you mean {' or '.join(names[c] for c in close)}?"
     return f"not a flag of {prog} (see {prog} --help)"
