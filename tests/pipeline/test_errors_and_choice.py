@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from turbotrain.datasets import open_dataset
 from turbotrain.pipeline import (PipelineError, PipelineOptions, PipelineUnavailable, build_auto,
@@ -119,10 +121,16 @@ def test_bench_prints_json(small_path, capsys):
 
 
 def test_bench_on_a_missing_dataset_is_one_line(tmp_path, capsys):
+    """A user error, exit status 2 as train's; a raw folder gets train's two commands."""
     from turbotrain.pipeline.bench import main
-    assert main(["--data", str(tmp_path / "nothing")]) == 1
+    assert main(["--data", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("turbotrain bench: error:") and "\n" not in err
+    (tmp_path / "photos" / "cat").mkdir(parents=True)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "photos" / "cat" / "0.png")
+    assert main(["--data", str(tmp_path / "photos")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not a prepared dataset but a SOURCE" in err and "\n" not in err
 
 
 

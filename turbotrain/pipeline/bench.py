@@ -183,8 +183,12 @@ def run_bench(args: argparse.Namespace) -> int:
         print("turbotrain bench: error: --batch-size, --batches and --image-size must be >= 1",
               file=sys.stderr)
         return 2
-    try:
+    try:  # a --data that is no prepared dataset is the user's to fix: status 2, as in train
         dataset = open_dataset(args.data, args.split)
+    except DatasetError as e:
+        print(f"turbotrain bench: error: {e}", file=sys.stderr)
+        return 2
+    try:
         results = measure(dataset, args.pipeline or pipeline_names(),
                           image_size=args.image_size, batch_size=args.batch_size,
                           batches=args.batches, warmup=args.warmup, workers=workers,
