@@ -198,21 +198,23 @@ def _prepare_on_ray(args: argparse.Namespace, options) -> int:
 # -- inspect / verify ---------------------------------------------------------------------------
 def run_inspect(args: argparse.Namespace) -> int:
     # lazy: each command's modules load when it runs: `turbotrain --help` stays at 0.15 s
+    from .datasets import explain
     from .datasets.beton.verify import describe
     try:
         print(describe(args.out))
     except DatasetError as e:
-        return _fail("turbotrain inspect", str(e))
+        return _fail("turbotrain inspect", explain(args.out, e))
     return 0
 
 
 def run_verify(args: argparse.Namespace) -> int:
     # lazy: each command's modules load when it runs: `turbotrain --help` stays at 0.15 s
+    from .datasets import explain
     from .datasets.beton.verify import verify
     try:
         problems = verify(args.out, progress=sys.stderr.isatty())
     except DatasetError as e:
-        return _fail("turbotrain verify", str(e))
+        return _fail("turbotrain verify", explain(args.out, e))
     for problem in problems:
         print(printable(problem), file=sys.stderr)
     if problems:

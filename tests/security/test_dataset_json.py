@@ -288,7 +288,7 @@ def test_cli_errors_escape_the_path(tmp_path):
     missing = tmp_path / "no\x1b[2Jdataset"
     ran = cli("inspect", missing, cwd=tmp_path)
     assert ran.returncode == 2 and "\x1b" not in ran.stderr
-    assert ran.stderr.count("\n") == 1 and "no\\x1b[2Jdataset: not a prepared dataset" in ran.stderr
+    assert ran.stderr.count("\n") == 1 and "no\\x1b[2Jdataset: no such dataset" in ran.stderr
 
 
 # -- the fuzz ------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from turbotrain.datasets.remote.urls import is_url
 
 from .errors import DatasetError, NotPrepared
 
-__all__ = ["BetonFile", "DatasetError", "PreparedSplit", "open_dataset"]
+__all__ = ["BetonFile", "DatasetError", "PreparedSplit", "explain", "open_dataset"]
 
 
 def open_dataset(path: str | os.PathLike, split: str = "train", *, cache_dir=None,
@@ -46,6 +46,13 @@ def open_dataset(path: str | os.PathLike, split: str = "train", *, cache_dir=Non
         if line is None:
             raise
         raise DatasetError(line) from None
+
+
+def explain(path: str | os.PathLike, exc: DatasetError) -> str:
+    """`exc`'s line; where nothing is prepared at `path`, what it holds instead and the
+    commands that prepare it, so that inspect and verify say what `train --data` says."""
+    line = _what_it_is(path) if isinstance(exc, NotPrepared) else None
+    return line or str(exc)
 
 
 def _what_it_is(path) -> str | None:

@@ -50,6 +50,15 @@ def test_a_raw_image_folder_as_data_gives_the_two_commands_that_work(tmp_path):
     assert trained.returncode == 0, trained.stderr
 
 
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_inspect_and_verify_of_a_raw_folder_give_the_same_commands(command, tmp_path):
+    _image_folder(tmp_path / "imgfolder")
+    line = one_line_error(cli(command, "imgfolder", cwd=tmp_path))
+    assert line == (f"turbotrain {command}: error: imgfolder is not a prepared dataset but a "
+                    "SOURCE: class subfolders (ImageFolder); run `prepare-dataset imgfolder "
+                    "imgfolder-prepared`, then `train --data imgfolder-prepared`"), line
+
+
 def test_a_path_that_does_not_exist_says_so(tmp_path):
     line = one_line_error(cli("train", "--data", tmp_path / "nope"))
     assert line == (f"train: error: {tmp_path / 'nope'}: no such dataset: nothing exists at "
