@@ -61,6 +61,9 @@ def test_a_batch_search_that_takes_the_budget_leaves_train_s_pick_unmeasured(
     result = json.loads(out)
     assert all(r["note"].startswith("skipped: out of time") for r in result["rows"])
     assert result["best"] is None and 1.5 <= result["seconds"] < 2.5
+    # Nothing left to price rows with: the model is not built nor its step timed (+1.5 s).
+    assert result["past_budget"].startswith("the batch search took ")
+    assert result["step_seconds"] is None
     assert result["command"].startswith(f"turbotrain train --data {tiny_dataset} --pipeline "
                                         f"{result['train_pick']['pipeline']} --workers")
     code, text, _ = cli("tune", "--data", tiny_dataset, "--pipeline", "test-memory",

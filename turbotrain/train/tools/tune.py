@@ -300,18 +300,25 @@ class Sweep:
     def run(self, progress: bool) -> dict:
         from tqdm import tqdm
 
+        started = time.perf_counter()
         plan = self.batch_plan()
         batch = plan["batch_size"]  # at most the split: the search limit is
-        started = time.perf_counter()
-        engine = self.engine()
-        step = self.step_seconds(engine, batch)
-        self.past_deadline("building the model and timing its step", started)
+        self.past_deadline("the batch search", started)
+        engine = step = None
+        # A search that took the whole budget leaves no row to price: building the model and
+        # timing its step (1.5 s here on a 2-core CPU) would only overrun it.
+        if self.seconds_left() > 0:
+            started = time.perf_counter()
+            engine = self.engine()
+            step = self.step_seconds(engine, batch)
+            self.past_deadline("building the model and timing its step", started)
         rows = self.rows()
         bar = tqdm(total=len(rows) + min(len(rows), MAX_MODEL_ROWS), unit="test", file=sys.stderr,
                    disable=not progress, desc="tune")
         try:
             loader_sweep(self, rows, batch, bar)
-            model_sweep(self, model_rows(rows, self.pick), engine, batch, step, bar)
+            if engine is not None:
+                model_sweep(self, model_rows(rows, self.pick), engine, batch, step, bar)
         finally:
             bar.close()
             self.torch.set_num_threads(self.torch_threads_before)
