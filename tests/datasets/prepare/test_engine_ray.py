@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -184,6 +185,19 @@ def test_without_ray_one_line_says_how_to_install_it(tmp_path):
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "src"),
                              str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
     assert "pip install 'turbotrain[ray]'" in one_line_error(result)
+
+
+def test_an_address_with_no_cluster_is_one_line_at_once(photos, tmp_path):
+    """ray.init retries an address nothing listens at without end (warnings every few seconds,
+    still at it after 10 min): the driver knocks first and says so in one line."""
+    with socket.socket() as s:  # a port nothing listens at once it is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = cli("prepare", photos, tmp_path / "ds", "--shard-size", "8MiB", "--engine", "ray",
+                 "--address", f"127.0.0.1:{port}", timeout=60)
+    line = one_line_error(result)
+    assert f"--address 127.0.0.1:{port}: no Ray cluster there (Connection refused)" in line
+    assert not (tmp_path / "ds").exists()
 
 
 def _or_error(fn, *args, **kwargs):

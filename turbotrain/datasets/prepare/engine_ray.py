@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -46,6 +47,10 @@ MAX_RETRIES = 3
 PARTS_PER_CPU = 4
 # How often a task tells the driver how many images it wrote, and the driver redraws.
 REPORT_SECONDS = 0.25
+# How long the driver waits for --address to accept a TCP connection. ray.init itself retries
+# an address nothing listens at without end (Ray 2.60: three warnings every ~35 s, still at it
+# after 10 min), so the driver knocks first.
+CONNECT_SECONDS = 10
 
 
 def import_ray():
@@ -129,6 +134,8 @@ def _connect(ray, address: str | None) -> bool:
     """Connects to the cluster; True when this call started (and so must stop) it."""
     if ray.is_initialized():
         return False
+    if address is not None:
+        _knock(address)
     try:
         ray.init(address=address, include_dashboard=False, configure_logging=False,
                  log_to_driver=False)
@@ -138,6 +145,22 @@ def _connect(ray, address: str | None) -> bool:
                            f"one with `ray start --head` on the head node, or leave --address "
                            f"out to run on this machine") from None
     return True
+
+
+def _knock(address: str) -> None:
+    """One line, within CONNECT_SECONDS, when nothing accepts a connection at --address
+    HOST:PORT (or ray://HOST:PORT); other forms ("auto") are left to Ray."""
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), CONNECT_SECONDS).close()
+    except (OSError, OverflowError) as e:  # OverflowError: a port over 65535
+        why = f"no answer in {CONNECT_SECONDS} s" if isinstance(e, TimeoutError) else \
+            getattr(e, "strerror", None) or str(e)
+        raise PrepareError(f"--address {address}: no Ray cluster there ({why}); start one with "
+                           f"`ray start --head` on the head node and pass the address it "
+                           f"prints, or leave --address out to run on this machine") from None
 
 
 def _check_part_count(out: Path, parts: int) -> None:
