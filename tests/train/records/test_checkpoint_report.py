@@ -108,6 +108,26 @@ def test_curves_without_a_val_split_draw_no_empty_accuracy_panels(tmp_path, monk
                                  "accuracy on"
 
 
+@pytest.mark.parametrize("logged, marker", [(1, "o"), (40, "None")])
+def test_a_short_run_s_train_loss_is_drawn_as_points(tmp_path, monkeypatch, logged, marker):
+    """A 3-step run logs one step: a line through one point is invisible, so curves.png was an
+    empty frame under a "train loss" legend; a few points are marked, many are a plain line."""
+    from turbotrain.train.records import report
+    log = MetricsLog(tmp_path)
+    for step in range(1, logged + 1):
+        log.write({"kind": "step", "step": step, "loss": 1.0 / step, "epoch": 0,
+                   "epoch_float": step / logged, "time": float(step)})
+    drawn = {}
+    save = report.save_figure
+
+    def keep(fig, path, **kwargs):
+        drawn["markers"] = [line.get_marker() for ax in fig.axes for line in ax.get_lines()]
+        return save(fig, path, **kwargs)
+    monkeypatch.setattr(report, "save_figure", keep)
+    assert plot_curves(tmp_path).is_file()
+    assert drawn["markers"] == [marker, marker]
+
+
 def test_curves_draw_where_a_target_or_budget_stopped_the_run(tmp_path, monkeypatch):
     """A `stop` record (--target-accuracy, --time-budget) is a labelled vertical line on every
     panel, at its wall time on the left and its epoch on the right."""

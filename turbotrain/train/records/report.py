@@ -103,6 +103,9 @@ def write_summary(run_dir: str | os.PathLike, summary: dict) -> None:
                json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2) + "\n")
 
 
+FEW_POINTS = 10  # train-loss points up to which each one is marked
+
+
 def plot_curves(run_dir: str | os.PathLike) -> Path | None:
     """curves.png: train/val loss and val accuracy against wall time and against epoch; a run
     without a val split has no accuracy to draw: the loss row only, titled so."""
@@ -125,8 +128,10 @@ def plot_curves(run_dir: str | os.PathLike) -> Path | None:
     for column, axis_key, label in ((0, "time", "wall time (s)"), (1, "epoch_float", "epoch")):
         loss_ax = axes[0][column]
         acc_ax = axes[1][column] if with_val else None
+        # A short run logs one or two steps: a line through one point draws nothing, so its
+        # points are marked (a 3-step run's curves.png was an empty frame with a legend).
         loss_ax.plot([r[axis_key] for r in steps], [r["loss"] for r in steps],
-                     label="train loss", lw=1)
+                     label="train loss", lw=1, marker="o" if len(steps) <= FEW_POINTS else None)
         if with_val:
             loss_ax.plot([r[axis_key] for r in with_val], [r["val_loss"] for r in with_val],
                          "o-", label="val loss")
