@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from pathlib import Path
 
 from . import __version__
 from .arg_parser import CommandParser
@@ -230,7 +229,7 @@ def run_merge(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # `kill` ends it as Ctrl-C does
     try:
         if args.check:  # what merge would find, part by part; nothing is written
-            lines = status_lines(parts_status(Path(args.out)))
+            lines = status_lines(parts_status(args.out))
             print("\n".join(lines))
             return 0 if lines[-1].endswith("ready to merge") else 1
         info = merge(args.out)

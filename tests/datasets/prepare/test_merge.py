@@ -131,8 +131,8 @@ def test_a_done_part_is_skipped_redone_with_overwrite_never_a_merged_dataset(pho
     merge(out)
     with pytest.raises(PrepareError, match="holds a merged dataset"):
         prepare_dataset(photos, out, options(part=(1, 2), on_error="skip", overwrite=True))
-    line = one_line_error(cli("merge", out))
-    assert "already merged" in line
+    for check in ([], ["--check"]):
+        assert "already merged" in one_line_error(cli("merge", out, *check))
 
 
 def test_a_part_done_with_other_settings_is_refused_in_one_line(photos, tmp_path):
@@ -260,3 +260,12 @@ def test_an_object_storage_out_is_refused_in_one_line(photos, tmp_path, monkeypa
     line = one_line_error(cli("prepare", photos, "s3://bucket/x", "--shard-size", "8MiB", *part))
     assert line.startswith("prepare-dataset: error: s3://bucket/x: OUT must be a folder") and "upload" in line, line
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("check", [[], ["--check"]])
+def test_merge_of_an_object_storage_out_is_refused_in_one_line(tmp_path, monkeypatch, check):
+    """Path('s3://b/x') would be the local s3:/b/x: the line named that and no upload."""
+    monkeypatch.chdir(tmp_path)
+    line = one_line_error(cli("merge", "s3://bucket/x", *check))
+    assert line.startswith("turbotrain merge: error: s3://bucket/x: merge works on a folder")
+    assert "upload" in line and os.listdir(tmp_path) == []

@@ -26,6 +26,7 @@ from turbotrain.datasets.beton.dataset_json import (DATASET_JSON, MAX_JSON_BYTES
 from turbotrain.datasets.beton.shards import parse_shard_filename, shard_filename
 from turbotrain.datasets.beton.split import file_sha256
 from turbotrain.datasets.errors import DatasetError
+from turbotrain.datasets.remote.urls import is_url
 from turbotrain.files.safe_create import write_file
 from turbotrain.files.untrusted import UnsafeInput, read_regular
 from turbotrain.printable import printable
@@ -50,7 +51,7 @@ def merge(out: str | os.PathLike, *, hash_shards: bool = True) -> dict:
     """Merges the parts in OUT; returns dataset.json's content. `hash_shards=False` checks the
     shards' sizes only: for a caller whose parts checked their own shards' sha256 against their
     manifests (the Ray engine's tasks, in parallel on the nodes), so merge reads no shard."""
-    out = Path(out)
+    out = local_folder(out)
     manifests = _read_manifests(out)
     first_name, first = next(iter(manifests.items()))
     agreed = first["agreement"]
@@ -77,6 +78,15 @@ def merge(out: str | os.PathLike, *, hash_shards: bool = True) -> dict:
                          f"({str(e).split(': ', 1)[-1]}); re-run the parts") from None
     _install(out, info, results, manifests)
     return info
+
+
+def local_folder(out: str | os.PathLike) -> Path:
+    """OUT as a Path; a URL is refused (Path() would make s3://b/x the local s3:/b/x)."""
+    if is_url(str(out)):
+        raise MergeError(f"{printable(str(out))}: merge works on a folder (local or shared), not "
+                         f"object storage: merge the parts there, then upload the merged folder "
+                         f"(docs/PREPARE_AT_SCALE.md)")
+    return Path(out)
 
 
 def _read_manifests(out: Path) -> dict[str, dict]:

@@ -18,9 +18,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from turbotrain.datasets.beton.dataset_json import DATASET_JSON
 from turbotrain.printable import printable
 
-from .merge import MergeError, read_manifest, shard_problem
+from .merge import MergeError, local_folder, read_manifest, shard_problem
 from .output_folder import OutputFolderError
 from .parts import PARTS_DIR, first_difference, is_part_partial, manifest_name, \
     parse_manifest_name
@@ -82,13 +83,17 @@ def part_counts(out: Path) -> list[int]:
     return sorted({numbers[1] for numbers in map(parse_manifest_name, names) if numbers})
 
 
-def parts_status(out: Path, parts: int | None = None) -> list[PartState]:
+def parts_status(out: str | os.PathLike, parts: int | None = None) -> list[PartState]:
     """Every part of OUT's conversion (of `parts` parts; None: the count its manifests give)."""
+    out = local_folder(out)
     if parts is None:
         counts = part_counts(out)
+        if not counts and (out / DATASET_JSON).is_file():
+            raise MergeError(f"{printable(out)}: already merged ({DATASET_JSON} exists, no part "
+                             f"manifest in {PARTS_DIR}/)")
         if not counts:
             raise MergeError(f"{printable(out)}: holds no part manifest in {PARTS_DIR}/; run "
-                             f"prepare-dataset --part i/N first (or give the part count)")
+                             f"prepare-dataset --part i/N first")
         if len(counts) > 1:
             raise MergeError(f"{printable(out / PARTS_DIR)}: holds manifests of "
                              f"{' and '.join(map(str, counts))} parts (from different runs); "
