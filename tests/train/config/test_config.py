@@ -118,6 +118,7 @@ def test_the_image_size_help_and_the_readme_state_the_plans_rule():
     from pathlib import Path
 
     from turbotrain.datasets.beton.layout import SMALL_IMAGE_MAX_SIDE
+    from turbotrain.train.plan.budget_size import CANDIDATES
     from turbotrain.train.plan.rules import SHORT_RUN_SIZE, SMALL_SET
     text = FIELDS["image_size"].metadata["help"]
     for number in (f"<= {SMALL_IMAGE_MAX_SIDE} px", f"else {SHORT_RUN_SIZE} on CPU",
@@ -128,3 +129,8 @@ def test_the_image_size_help_and_the_readme_state_the_plans_rule():
     for number in (f"{SHORT_RUN_SIZE} on CPU", f"fewer than {SMALL_SET:,} train images",
                    "else 224"):
         assert number in row, number
+    # --time-budget on a CPU picks the size among budget_size's candidates: both say so.
+    sizes = sorted({c.image_size for c in CANDIDATES}, reverse=True)
+    said = " or ".join(map(str, sizes)) + ", as the budget allows"
+    assert f"with --time-budget on a CPU (and --model auto), {said}" in text
+    assert f"with `--time-budget` on a CPU (and `--model auto`), {said}" in row

@@ -43,7 +43,9 @@ class TrainConfig:
                              "CUDA, then pytorch)", "data")
     image_size: int | None = _setting(None, "training resolution in pixels; auto: the native size "
                                       "of small raw images (<= 64 px), else 64 on CPU and, on "
-                                      "CUDA, for fewer than 10,000 train images, else 224",
+                                      "CUDA, for fewer than 10,000 train images, else 224; "
+                                      "with --time-budget on a CPU (and --model auto), 64 or "
+                                      "32, as the budget allows",
                                       "data")
     workers: int | None = _setting(None, "pipeline worker threads/processes per rank; auto: from "
                                    "the thread budget", "data", aliases=("--num-workers",))
