@@ -169,7 +169,8 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
     size = sum(s["bytes"] for s in info["splits"].values())
     rate = written / info["seconds"] if info["seconds"] else 0.0
     splits = ", ".join(f"{k} {v['num_samples']}" for k, v in info["splits"].items())
-    print(f"prepared {args.out}: {written} images ({splits}), {len(info['classes'])} classes, "
+    print(f"prepared {args.out}: {written} images ({splits}), {len(info['classes'])} "
+          f"class{'' if len(info['classes']) == 1 else 'es'}, "
           f"{size / 1e6:.1f} MB, {rate:.0f} images/s, {skipped} skipped"
           + (f" (see {args.out}/skipped.txt)" if skipped else ""))
     return 0

@@ -122,6 +122,7 @@ def test_a_one_class_source_warns(tmp_path):
         noise_png(folder / "cat" / f"{k}.png", k)
     result = cli("prepare", folder, tmp_path / "out", "--workers", 1)
     assert result.returncode == 0, result.stderr
+    assert ", 1 class, " in result.stdout, result.stdout  # not "1 classes"
     (warning,) = stderr_lines(result)
     assert warning == (f"prepare-dataset: warning: {folder}: only one class has images (cat); "
                        f"a classifier needs images of at least 2 classes")
