@@ -147,6 +147,9 @@ def run_prepare(args: argparse.Namespace, prog: str = "prepare-dataset") -> int:
         return _fail(prog, str(e))
     except KeyboardInterrupt:
         done = "this part was not finished" if part else f"{args.out} was left untouched"
+        if args.engine == "ray":
+            done = (f"the parts done so far stay in {args.out}: run the same command again to "
+                    f"do the others and merge")
         print(f"{prog}: interrupted; {done}", file=sys.stderr)
         return 130
     if info["workers"]["note"]:

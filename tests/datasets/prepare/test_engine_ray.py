@@ -128,6 +128,42 @@ def test_a_killed_driver_run_again_skips_the_done_parts(ray_cluster, photos, loc
     same_folders(out, local)
 
 
+def test_a_driver_sent_sigterm_says_so_in_one_line_and_a_rerun_finishes(ray_cluster, photos,
+                                                                       local, tmp_path):
+    """`kill` (Slurm's scancel, a preemption) of `prepare-dataset --engine ray`: ray.init put
+    Ray's own SIGTERM handler in (a stack dump, exit status 15); the CLI's one line, 130."""
+    out = tmp_path / "ds"
+    # The CLI itself, its ray.init given the session's slowed workers (--shard-size is at
+    # least 8 MiB on the command line: 2 parts, train's and val's).
+    script = ("import functools, sys, ray\n"
+              "from tests.datasets.prepare import ray_slow\n"
+              "ray.cloudpickle.register_pickle_by_value(ray_slow)\n"
+              "ray.init = functools.partial(ray.init, runtime_env="
+              "{'worker_process_setup_hook': ray_slow.slow_encoding})\n"
+              "from turbotrain.cli import main\n"
+              "sys.exit(main(['prepare', *sys.argv[1:], '--shard-size', '8MiB', '--engine', "
+              "'ray', '--parts', '2']))\n")
+    repo = Path(__file__).resolve().parents[3]
+    driver = subprocess.Popen([sys.executable, "-c", script, str(photos), str(out), "--address",
+                               ray_cluster], cwd=repo, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _running_parts(out), what="a part running on a Ray worker")
+        driver.send_signal(signal.SIGTERM)
+        stdout, stderr = driver.communicate(timeout=60)
+    finally:
+        driver.kill()
+    assert driver.returncode == 130, stderr
+    assert "Traceback" not in stderr and "SIGTERM received" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"prepare-dataset: interrupted; the parts done so far stay in {out}: run the same "
+        f"command again to do the others and merge")
+    _wait_for(lambda: not _running_parts(out), what="the cancelled tasks to end")
+    info, run = prepare_with_ray(photos, out, options(shard_size=8 << 20), parts=2)
+    assert run.skipped + run.ran == 2 and run.ran >= 1
+    assert sum(s["num_samples"] for s in info["splits"].values()) == 60
+
+
 def test_parts_done_by_hand_are_skipped_and_a_changed_shard_redone(ray_cluster, photos, local,
                                                                     tmp_path):
     """Parts already done with --part (by Slurm, say) are skipped by the engine once their task

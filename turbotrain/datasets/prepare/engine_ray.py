@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -136,6 +138,8 @@ def _connect(ray, address: str | None) -> bool:
         return False
     if address is not None:
         _knock(address)
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
         ray.init(address=address, include_dashboard=False, configure_logging=False,
                  log_to_driver=False)
@@ -144,6 +148,12 @@ def _connect(ray, address: str | None) -> bool:
         raise PrepareError(f"{where}: cannot connect ({' '.join(str(e).split())[:200]}); start "
                            f"one with `ray start --head` on the head node, or leave --address "
                            f"out to run on this machine") from None
+    finally:
+        # ray.init puts Ray's own SIGTERM handler in (a stack dump, exit status 15): the
+        # caller's goes back (the CLI's: `kill` cancels the parts, stops the cluster and says
+        # so in one line, as Ctrl-C does).
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     return True
 
 
