@@ -76,7 +76,10 @@ def test_tune_ends_within_its_budget_and_agrees_with_train_s_pick(tiny_dataset):
     """The real command, in a child process: train's own pick (resident here, `train
     --pipeline auto`'s) is measured first and recommended unless another pipeline trained
     measurably faster, which the report then says; the whole command keeps its budget."""
-    budget = 8
+    # 15 s, not 8: under the suite's load on 2 cores (load 4 with a second job beside it) the
+    # batch search, the model's build and the two loader rows took 8 s whole, and the pick's
+    # model row was rightly skipped as out of time.
+    budget = 15
     started = time.perf_counter()
     done = run_cli("tune", "--data", tiny_dataset, "--pipeline", "pytorch", "resident",
                    "--workers", 1, "--budget-seconds", budget, "--json")
