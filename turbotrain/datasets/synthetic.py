@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from turbotrain.datasets.beton import layout
+from turbotrain.datasets.beton.dataset_json import DATASET_JSON
 from turbotrain.datasets.beton.shards import shard_filename
 from turbotrain.datasets.beton.writer import BetonWriter
 from turbotrain.files.safe_create import write_file
@@ -175,5 +176,5 @@ def write_random_raw_dataset(out: str | Path, *, shards: int = 4, per_shard: int
                                  "bytes": sum(e["bytes"] for e in entries), "shards": entries},
                        "val": {**val_entry, "skipped": 0}},
             "pixel_stats": None}
-    write_file(out / "dataset.json", json.dumps(info))
+    write_file(out / DATASET_JSON, json.dumps(info))
     return out
