@@ -106,6 +106,19 @@ def test_auto_batch_leaves_a_small_set_enough_steps(size, device, samples, epoch
         assert (samples // batch) * epochs >= MIN_RUN_STEPS
 
 
+def test_the_halved_batch_reason_says_the_steps_and_when_they_are_still_too_few():
+    from turbotrain.train.plan.rules import auto_batch_size
+    _, enough = auto_batch_size(64, "cuda", 2_000, 10)
+    assert enough.endswith("halved to 256 for a run that learns (>= 64 steps): 2,000 images x "
+                           "10 epochs make 70 optimizer steps at 256 (30 at 512)"), enough
+    # 96 images, 1 epoch: 3 steps even at the least batch; the reason says so and what helps
+    # (it said "then make 3 optimizer steps (>= 64 learn; 128 would make 0)").
+    _, short = auto_batch_size(16, "cpu", 96, 1)
+    assert short.endswith("halved to 32, the least (BatchNorm's statistics get noisy below): "
+                          "96 images x 1 epoch make 3 optimizer steps at 32 (0 at 128), fewer "
+                          "than the 64 a run needs to learn: give more --epochs or data"), short
+
+
 POOLED_NETS = ["compact28", "airbench", "resnet9", "resnet18"]
 
 

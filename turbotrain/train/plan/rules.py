@@ -97,10 +97,20 @@ def auto_batch_size(image_size: int, device_type: str, num_samples: int | None =
     while batch > MIN_AUTO_BATCH and (num_samples // batch) * epochs < MIN_RUN_STEPS:
         batch //= 2
     if batch < preferred:
-        why = (f"{why}, halved to {batch}: {num_samples:,} images x {epochs} epochs then make "
-               f"{(num_samples // batch) * epochs} optimizer steps (>= {MIN_RUN_STEPS} learn; "
-               f"{preferred} would make {(num_samples // preferred) * epochs})")
+        why = f"{why}, {_halved_reason(batch, preferred, num_samples, epochs)}"
     return batch, why
+
+
+def _halved_reason(batch: int, preferred: int, num_samples: int, epochs: int) -> str:
+    """Why the batch was halved, and, when even MIN_AUTO_BATCH leaves the run short of
+    MIN_RUN_STEPS updates, that it stopped there and what gives more."""
+    steps, preferred_steps = (num_samples // batch) * epochs, (num_samples // preferred) * epochs
+    counts = (f"{num_samples:,} images x {epochs} epoch{'s' * (epochs != 1)} make {steps:,} "
+              f"optimizer steps at {batch} ({preferred_steps:,} at {preferred})")
+    if steps >= MIN_RUN_STEPS:
+        return f"halved to {batch} for a run that learns (>= {MIN_RUN_STEPS} steps): {counts}"
+    return (f"halved to {batch}, the least (BatchNorm's statistics get noisy below): {counts}, "
+            f"fewer than the {MIN_RUN_STEPS} a run needs to learn: give more --epochs or data")
 
 
 def _device_batch(image_size: int, device_type: str) -> tuple[int, str]:
