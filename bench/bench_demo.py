@@ -70,7 +70,9 @@ def run_demo(out: Path) -> dict:
             "precision": summary["precision"], "model": summary["model"],
             "image_size": summary["image_size"],
             "time_budget_seconds": summary.get("time_budget_seconds"),
-            "budget_reason": summary.get("budget_reason"), "load": load}
+            "budget_reason": summary.get("budget_reason"), "outcome": summary.get("outcome"),
+            "target_accuracy": summary.get("target_accuracy"),
+            "target_reached_epoch": summary.get("target_reached_epoch"), "load": load}
 
 
 def run_budget(data: Path, out: Path, budget: float, settings: dict) -> dict:

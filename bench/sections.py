@@ -468,7 +468,7 @@ def render_demo(data: dict, where: Where) -> Body:
                           f"{demo.get('epochs')} epochs), val accuracy "
                           f"**{_percent(demo.get('val_accuracy'))}**, "
                           f"{demo.get('total_seconds')} s in all with writing and preparing "
-                          "the images.\n")
+                          f"the images{_demo_end(demo)}.\n")
     body.lines.append("`train --time-budget B` on the demo's prepared dataset "
                       f"({' '.join((budgets[0].get('flags') or []) if budgets else [])}), "
                       "each in a fresh process:\n")
@@ -478,6 +478,16 @@ def render_demo(data: dict, where: Where) -> Body:
                              _percent(b.get("val_accuracy"))] for b in budgets])
     body.goals += recorded_goals(data, "demo")
     return body
+
+
+def _demo_end(demo: dict) -> str:
+    """How the demo's training ended: at its --target-accuracy, or at its --time-budget."""
+    if demo.get("outcome") == "target_accuracy":
+        return (f"; it stopped at epoch {demo.get('target_reached_epoch')}, the first to reach "
+                f"its {_percent(demo.get('target_accuracy'))} target (time budget "
+                f"{demo.get('time_budget_seconds'):g} s)")
+    budget = demo.get("time_budget_seconds")
+    return f"; it ran to its {budget:g} s time budget" if budget else ""
 
 
 def _ms(value) -> str | None:

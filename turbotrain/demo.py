@@ -36,6 +36,9 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-budget", default=None, metavar="DURATION",
                    help="train --time-budget (default: the machine's: 80s on a native-bf16 CPU, "
                         "90s on an AVX2-only one, 60s on a GPU)")
+    p.add_argument("--target-accuracy", default=None, metavar="A",
+                   help="train --target-accuracy: stop at the first evaluation reaching A "
+                        "(default 0.98; 1 trains the whole time budget unless it reaches 100 %%)")
     p.add_argument("--machine", default=None, metavar="NAME",
                    help="print the demo's settings for a preset machine (cpu2, cpu2-avx2, "
                         "h200, ...) and exit")
@@ -90,14 +93,8 @@ def run_demo(args: argparse.Namespace) -> int:
     code = turbotrain_main(["prepare", str(source), str(prepared), "--overwrite"])
     if code:
         return code
-    train_args = ["train", "--data", str(prepared), "--out", str(run_dir)]
-    flags = settings.train_flags()
-    if args.time_budget is not None:
-        flags = [f for f in flags if not f.startswith("--time-budget=")]
-        flags.append(f"--time-budget={args.time_budget}")
-    if args.epochs is not None:
-        train_args += ["--epochs", str(args.epochs)]
-    train_args += flags + args.train_arg  # a --train-arg given later overrides the demo's
+    train_args = ["train", "--data", str(prepared), "--out", str(run_dir),
+                  *_train_flags(settings.train_flags(), args)]
     if (run_dir / "summary.json").exists() or (run_dir / "config.yaml").exists():
         import shutil
         shutil.rmtree(run_dir)  # a demo always starts a fresh run
@@ -108,6 +105,19 @@ def run_demo(args: argparse.Namespace) -> int:
     return _report(run_dir, time.perf_counter() - started)
 
 
+def _train_flags(planned: list[str], args: argparse.Namespace) -> list[str]:
+    """The plan's train flags, with the demo's --time-budget / --target-accuracy / --epochs in
+    place of the plan's, then each --train-arg (given later, it overrides both)."""
+    flags = list(planned)
+    for flag, value in (("--time-budget", args.time_budget),
+                        ("--target-accuracy", args.target_accuracy)):
+        if value is not None:
+            flags = [f for f in flags if not f.startswith(f"{flag}=")] + [f"{flag}={value}"]
+    if args.epochs is not None:
+        flags += ["--epochs", str(args.epochs)]
+    return flags + args.train_arg
+
+
 def _report(run_dir: Path, seconds: float) -> int:
     summary = json.loads((run_dir / "summary.json").read_text())
     diagnosis = summary.get("diagnosis") or {}
@@ -115,9 +125,7 @@ def _report(run_dir: Path, seconds: float) -> int:
         "",
         "turbotrain demo: done",
         f"  val accuracy   {100 * summary['val_accuracy']:.1f} %",
-        f"  training time  {summary['wall_seconds']:.1f} s"
-        + (f" (time budget {summary['time_budget_seconds']:g} s)"
-           if summary.get("time_budget_seconds") else ""),
+        f"  training time  {summary['wall_seconds']:.1f} s{_why_it_ended(summary)}",
         f"  throughput     {summary['images_per_second']:.0f} images/s "
         f"({summary['pipeline']} pipeline, {summary['precision']}, {summary['device']})",
         f"  data wait      {100 * summary['data_wait_fraction']:.0f} % of training time",
@@ -131,6 +139,16 @@ def _report(run_dir: Path, seconds: float) -> int:
               "included; install not)"]
     print("\n".join(lines))
     return 0
+
+
+def _why_it_ended(summary: dict) -> str:
+    """' (...)' after the training time: the target reached, the time budget, or nothing."""
+    budget = summary.get("time_budget_seconds")
+    of_budget = f"; time budget {budget:g} s" if budget else ""
+    if summary.get("outcome") == "target_accuracy":
+        return (f" (stopped at epoch {summary['target_reached_epoch']}: val accuracy reached "
+                f"the {100 * summary['target_accuracy']:g} % target{of_budget})")
+    return f" (time budget {budget:g} s)" if budget else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,6 +46,17 @@ def test_every_setting_has_a_reason_and_the_budget_flag_parses(name):
     assert parse_duration(budget[0].split("=", 1)[1]) == s.time_budget_s
 
 
+@pytest.mark.parametrize("name", ["cpu2", "cpu2-avx2", "h200"])
+def test_the_demo_stops_at_a_target_above_its_goal_within_its_budget(name):
+    """The sample data is easy: the demo stops at the first evaluation reaching the target
+    (>= issue 32's 95 %), the budget bounding a machine too slow to get there."""
+    s = demo_settings(Machine.preset(name))
+    assert 0.95 <= s.target_accuracy < 1
+    assert f"--target-accuracy={s.target_accuracy:g}" in s.train_flags()
+    assert any(line.startswith(f"  target_accuracy: {100 * s.target_accuracy:g} %: ")
+               for line in s.lines())
+
+
 def test_demo_machine_prints_the_settings_for_a_preset_and_trains_nothing(tmp_path):
     result = subprocess.run([sys.executable, "-m", "turbotrain", "demo", "--out", str(tmp_path),
                              "--machine", "cpu2-avx2"], capture_output=True, text=True,

@@ -1,8 +1,9 @@
 """`turbotrain demo`'s settings for a machine: a pure function of the Machine, a reason each.
 
 The demo shows the product working, quickly, on whatever machine it lands on, so its data,
-image size, model, precision and time budget are chosen from the machine's facts, and the
-budget (`train --time-budget`, budget.py) sizes the epochs from the step time the run measures.
+image size, model, precision and time budget are chosen from the machine's facts, the budget
+(`train --time-budget`, budget.py) sizes the epochs from the step time the run measures, and
+the run stops at the first evaluation reaching the target accuracy (`train --target-accuracy`).
 
 Measured on the 2-core dev box (issue 32): airbench at 64 px from 256x256 JPEGs trained at
 15-27 images/s in fp32, 20-40 minutes for 10 epochs, although the sample data is easy (99.6 %
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from .machine import Machine
 
 CLASSES = 10  # synthetic.py's textured shapes
+TARGET_REASON = ("the run stops at the first evaluation that reaches it: the sample data is "
+                 "easy, and the time budget bounds a slow machine")
 
 
 @dataclass(frozen=True)
@@ -28,21 +31,28 @@ class DemoSettings:
     model: str
     precision: str
     time_budget_s: float  # train --time-budget
+    # train --target-accuracy: the sample data is easy (99.6 % val accuracy at epoch 5 of 10 in
+    # issue 32's report, 99 % by epoch 5 of the 80 s bf16 run here, ~4 s in): the demo has made
+    # its point there, and the budget is the bound where the target comes late (a slow box).
+    target_accuracy: float = 0.98
     train_per_class: int = 300
     val_per_class: int = 50
     reasons: dict[str, str] = field(default_factory=dict)
 
     def train_flags(self) -> list[str]:
         return [f"--image-size={self.image_size}", f"--model={self.model}",
-                f"--precision={self.precision}", f"--time-budget={self.time_budget_s:g}s"]
+                f"--precision={self.precision}", f"--time-budget={self.time_budget_s:g}s",
+                f"--target-accuracy={self.target_accuracy:g}"]
 
     def lines(self) -> list[str]:
         """What `turbotrain demo` prints before it starts: each setting and why."""
         values = {"images": f"{CLASSES} x ({self.train_per_class} train + {self.val_per_class}"
                             f" val), {self.source_side}x{self.source_side} JPEGs",
                   "image_size": f"{self.image_size} px", "model": self.model,
-                  "precision": self.precision, "time_budget": f"{self.time_budget_s:g} s"}
-        return [f"  {name}: {values[name]}: {why}" for name, why in self.reasons.items()]
+                  "precision": self.precision, "time_budget": f"{self.time_budget_s:g} s",
+                  "target_accuracy": f"{100 * self.target_accuracy:g} %"}
+        reasons = {**self.reasons, "target_accuracy": TARGET_REASON}
+        return [f"  {name}: {values[name]}: {why}" for name, why in reasons.items()]
 
 
 def demo_settings(machine: Machine) -> DemoSettings:
