@@ -139,7 +139,8 @@ def plot_curves(run_dir: str | os.PathLike) -> Path | None:
                         "o-", label="val accuracy", color="C2")
         for stop in stops:  # --target-accuracy / --time-budget ended the run here
             for ax in (loss_ax, acc_ax) if with_val else (loss_ax,):
-                ax.axvline(stop[axis_key], color="C1", lw=1.5,
+                # Black dashed: C1 (orange) is the val loss drawn beside it.
+                ax.axvline(stop[axis_key], color="k", ls="--", lw=1.5,
                            label=f"stopped: {stop['reason'].replace('_', ' ')}")
         loss_ax.set(xlabel=label, ylabel="loss")
         loss_ax.legend()
