@@ -70,6 +70,27 @@ def test_a_target_accuracy_stops_the_run_at_the_first_evaluation_reaching_it(
     assert (out / "curves.png").is_file() and (out / "timeline.png").is_file()
 
 
+def test_a_target_reached_while_the_budget_s_pace_is_measured_says_so(train_cli, tiny_dataset,
+                                                                      tmp_path):
+    """The demo's case: the target comes before the budget has timed enough steps to size the
+    run. The lines name the provisional schedule it stopped in, not the 1,000 epochs a budget
+    allows, and say that the pace was still being measured."""
+    out = tmp_path / "run"
+    code, stdout, err = train_cli("--data", tiny_dataset, "--out", out, "--batch-size", 8,
+                                  "--time-budget", "60s", "--lr", "0.1",
+                                  "--target-accuracy", "0.9", *FAST)
+    assert code == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    # 36 steps of this tiny net: well inside the 4.8 s (8 % of 60 s) the pace is timed for.
+    assert summary["outcome"] == "target_accuracy"
+    assert summary["budget_reason"] == ("the run ended while its pace was still being measured "
+                                        "(the budget's first 8%, 2 s at least)")
+    line = next(x for x in stdout.splitlines() if x.startswith("target accuracy"))
+    assert "steps so far, the budget's pace still measured) cut short" in line, line
+    provisional = int(line.split("LR schedule (")[1].split()[0])
+    assert summary["steps"] <= provisional <= 1000 * 12, line  # sized from the pace so far
+
+
 def test_a_target_out_of_range_is_one_line(train_cli, tiny_dataset, tmp_path):
     code, _, err = train_cli("--data", tiny_dataset, "--out", tmp_path / "run",
                              "--target-accuracy", "95", *FAST)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..plan import recipe
-from ..plan.budget import (correction_steps, eval_seconds, fit_budget, measure_checks,
-                           measured_enough, typical_step_seconds)
+from ..plan.budget import (MEASURED_SECONDS, MEASURED_SHARE, correction_steps, eval_seconds,
+                           fit_budget, measure_checks, measured_enough, typical_step_seconds)
 from ..step.distributed import max_over_ranks
 from ..step.schedule import LRSchedule
 from .builder import Run
@@ -220,6 +220,22 @@ class RunLength:
             return None
         return {"kind": "stop", "reason": outcome, "step": c.step, "epoch_float": epoch_float}
 
+    def _unfitted(self, c: Counters) -> str:
+        """Why a budgeted run has no sizing of its own to report."""
+        if c.budget_total_steps >= 0:
+            return "sized by the run this one resumed"
+        if self._provisional_steps is not None:  # a --target-accuracy ended it this early
+            return ("the run ended while its pace was still being measured (the budget's first "
+                    f"{MEASURED_SHARE:.0%}, {MEASURED_SECONDS:g} s at least)")
+        return "the run ended before its steps could be timed (fewer steps than the warm-up)"
+
+    def _schedule_length(self, c: Counters) -> str:
+        """The length the LR schedule had when the run stopped: while a budget's pace was
+        being measured, the provisional one (not the 1,000 epochs a budget allows)."""
+        if c.budget_total_steps < 0 and self._provisional_steps is not None:
+            return f"{self._provisional_steps} steps so far, the budget's pace still measured"
+        return f"{self.run.total_steps} steps"
+
     def summary(self, c: Counters, outcome: str, wall_seconds: float) -> dict:
         """summary.json's entries, and the lines printed at the end."""
         out: dict = {}
@@ -227,7 +243,7 @@ class RunLength:
         if self.budget is not None:
             used = wall_seconds / self.budget
             out.update(time_budget_seconds=self.budget, budget_used_fraction=round(used, 4),
-                       budget_reason=self.fit_reason or _unfitted(c),
+                       budget_reason=self.fit_reason or self._unfitted(c),
                        budget_resizes=c.budget_resizes)
             kept = (f"; kept on time by {c.budget_resizes} later sizing"
                     + ("" if c.budget_resizes == 1 else "s") + f" (now {c.budget_total_steps} "
@@ -244,8 +260,8 @@ class RunLength:
                 out["schedule_cut"] = cut
                 lines.append(f"target accuracy {self.target:.2%} reached at epoch "
                              f"{c.target_epoch + 1} (step {c.target_step})"
-                             + (f": stopped there, the LR schedule ({self.run.total_steps} "
-                                "steps) cut short" if cut else ""))
+                             + (f": stopped there, the LR schedule ({self._schedule_length(c)}"
+                                ") cut short" if cut else ""))
             else:
                 lines.append(f"target accuracy {self.target:.2%} not reached "
                              f"(best {max(c.best_val_accuracy, 0.0):.2%})")
@@ -256,7 +272,4 @@ def _epochs(count: int) -> str:
     return f"{count} epoch" + ("" if count == 1 else "s")
 
 
-def _unfitted(c: Counters) -> str:
-    if c.budget_total_steps >= 0:
-        return "sized by the run this one resumed"
-    return "the run ended before its steps could be timed (fewer steps than the warm-up)"
+
