@@ -32,7 +32,8 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default=None,
                    help="generated image size WxH (default: the machine's, 64x64)")
     p.add_argument("--epochs", type=int, default=None,
-                   help="training epochs (default: as many as the time budget fits)")
+                   help="training epochs (default: until the target accuracy, at most as "
+                        "many as the time budget fits)")
     p.add_argument("--time-budget", default=None, metavar="DURATION",
                    help="train --time-budget (default: the machine's: 80s on a native-bf16 CPU, "
                         "90s on an AVX2-only one, 60s on a GPU)")
