@@ -675,3 +675,33 @@ def test_time_to_accuracy_quick_runs_both_sides_end_to_end(tmp_path):
     (tmp_path / "results" / "time_to_accuracy.json").write_text(out.read_text())
     report.render(tmp_path / "results", doc)
     assert "Smoke run (--quick)" in doc.read_text()
+
+
+# -- bench_demo.py: its goals and how its section says the demo ended ----------------------------
+def test_bench_demo_judges_the_demo_and_each_budget_within_ten_percent():
+    import bench_demo
+    demo = {"train_seconds": 4.8, "val_accuracy": 0.988, "total_seconds": 8.1}
+    budgets = [{"budget_seconds": 30.0, "train_seconds": 27.6, "used_fraction": 0.92,
+                "val_accuracy": 1.0},
+               {"budget_seconds": 60.0, "train_seconds": 50.0, "used_fraction": 0.833,
+                "val_accuracy": 0.998}]
+    goals = bench_demo.goals(demo, budgets)
+    assert [g["met"] for g in goals] == [True, True, True, False]  # 50 s is under 54 s
+    assert goals[2]["what"] == "--time-budget 30s: training in 27-33 s"
+    assert bench_demo.summary_line(demo, budgets[:1]) == (
+        "demo: training 5 s, val accuracy 98.8 %, total 8 s; budget 30 s: used 27.6 s (92 %), "
+        "val accuracy 100.0 %")
+
+
+@pytest.mark.parametrize("demo, ending", [
+    ({"outcome": "target_accuracy", "target_reached_epoch": 6, "target_accuracy": 0.98,
+      "time_budget_seconds": 80.0},
+     "; it stopped at epoch 6, the first to reach its 98.00% target (time budget 80 s)."),
+    ({"outcome": "time_budget", "time_budget_seconds": 80.0},
+     "; it ran to its 80 s time budget.")])
+def test_the_demo_section_says_how_the_demo_ended(tmp_path, demo, ending):
+    data = {"demo": {"train_seconds": 5.0, "model": "compact28", "image_size": 32,
+                     "precision": "bf16", "epochs": 6, "val_accuracy": 0.988,
+                     "total_seconds": 8.1, **demo}, "budgets": []}
+    body = sections.RENDERERS["demo"](data, sections.Where(tmp_path, tmp_path / "B.md"))
+    assert body.lines[0].endswith(f"with writing and preparing the images{ending}\n")
