@@ -110,12 +110,14 @@ class RunLength:
             warmup = recipe.warmup_steps(total, from_weights=config.from_weights).value
         self.run.engine.schedule = LRSchedule(total=total, warmup=warmup, kind=config.schedule)
 
+    def _measuring(self, c: Counters) -> bool:
+        """Whether the budget's pace is still being measured, on a provisional schedule."""
+        return c.budget_total_steps < 0 and self._provisional_steps is not None
+
     def shown_steps(self, c: Counters) -> int:
         """The run's length as the progress line shows it: while a budget's pace is being
         measured, the length it points to so far (not the 1,000 epochs a budget allows)."""
-        if c.budget_total_steps < 0 and self._provisional_steps is not None:
-            return self._provisional_steps
-        return self.run.total_steps
+        return self._provisional_steps if self._measuring(c) else self.run.total_steps
 
     def _fit(self, c: Counters, step_s: float, elapsed: float) -> str:
         run = self.run
@@ -224,7 +226,7 @@ class RunLength:
         """Why a budgeted run has no sizing of its own to report."""
         if c.budget_total_steps >= 0:
             return "sized by the run this one resumed"
-        if self._provisional_steps is not None:  # a --target-accuracy ended it this early
+        if self._measuring(c):  # a --target-accuracy ended it this early
             return ("the run ended while its pace was still being measured (the budget's first "
                     f"{MEASURED_SHARE:.0%}, {MEASURED_SECONDS:g} s at least)")
         return "the run ended before its steps could be timed (fewer steps than the warm-up)"
@@ -232,8 +234,8 @@ class RunLength:
     def _schedule_length(self, c: Counters) -> str:
         """The length the LR schedule had when the run stopped: while a budget's pace was
         being measured, the provisional one (not the 1,000 epochs a budget allows)."""
-        if c.budget_total_steps < 0 and self._provisional_steps is not None:
-            return f"{self._provisional_steps} steps so far, the budget's pace still measured"
+        if self._measuring(c):
+            return f"{self.shown_steps(c)} steps so far, the budget's pace still measured"
         return f"{self.run.total_steps} steps"
 
     def summary(self, c: Counters, outcome: str, wall_seconds: float) -> dict:
@@ -270,6 +272,3 @@ class RunLength:
 
 def _epochs(count: int) -> str:
     return f"{count} epoch" + ("" if count == 1 else "s")
-
-
-
