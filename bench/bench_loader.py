@@ -53,8 +53,8 @@ def photo_data(images: int) -> Path:
 def resolved_precision(precision: str) -> str:
     if precision != "auto":
         return precision
-    from turbotrain.train.step.device import cpu_has_native_bf16
-    return "bf16" if cpu_has_native_bf16() else "fp32"
+    from turbotrain.train.plan.hardware import cpu_native_bf16
+    return "bf16" if cpu_native_bf16() else "fp32"
 
 
 def settings_args(args) -> list[str]:

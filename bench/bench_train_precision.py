@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     torch.set_num_threads(args.threads)
-    from turbotrain.train.step.device import cpu_has_native_bf16
+    from turbotrain.train.plan.hardware import cpu_native_bf16
     from turbotrain.train.step.host_memory import keep_freed_memory
     # As the trainer does: otherwise glibc's adaptive mmap threshold makes each setting's speed
     # depend on what the settings before it happened to allocate and free.
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{rate:8.1f} img/s  x{rate / base:.2f}", flush=True)
     common.write_results(RESULTS, {
         "command": common.command_line(__file__, argv),
-        "cpu_native_bf16": cpu_has_native_bf16(), "threads": args.threads,
+        "cpu_native_bf16": cpu_native_bf16(), "threads": args.threads,
         "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds,
         "host_memory_kept": host_memory_kept,
         "load_average": os.getloadavg(), "torch": torch.__version__, "results": results})

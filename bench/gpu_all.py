@@ -11,7 +11,7 @@ In the order gpu_check runs them (the pipeline table, gpu_check.py's own, comes 
 3. the `pytorch` pipeline alone on 1 thread and on every core: how far its decode scales;
 4. small data learns: `train --data SHAPES --epochs 10`, nothing else, on 2,000 photos;
 5. torch.compile modes side by side (train's default net on the synthetic batch, and the
-   ResNet-50 step), and fused vs foreach SGD: the data for choosing plan.rules.COMPILE_MODE.
+   ResNet-50 step), and fused vs foreach SGD: the data for choosing plan.device_choice.COMPILE_MODE.
 
 Each stage starts only if the budget has room for it (a rough cost, below); what is skipped is
 named in the notes and its goal says "not measured".

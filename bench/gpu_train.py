@@ -6,7 +6,7 @@
   over again and again. Trained through the same trainer as any pipeline (same model, compile,
   precision, optimizer, timing), its images/s is the bound that no loader can beat, so a
   default run's images/s over it is the loader's cost and nothing else;
-* `--compile-mode`: torch.compile's mode for this run (turbotrain.train.plan.rules.COMPILE_MODE
+* `--compile-mode`: torch.compile's mode for this run (turbotrain.train.plan.device_choice.COMPILE_MODE
   has no flag: gpu_check compares the modes so that the default can be chosen from data).
 
 Exit code and output are train's.
@@ -61,8 +61,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if mode is not None:
-        from turbotrain.train.plan import rules
-        rules.COMPILE_MODE = mode  # what plan's compile_mode rule reads
+        from turbotrain.train.plan import device_choice
+        device_choice.COMPILE_MODE = mode  # what plan's compile_mode rule reads
     try:
         import simplejpeg  # noqa: F401
     except ImportError:  # as gpu_check does for itself (its notes say so)

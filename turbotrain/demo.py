@@ -58,10 +58,11 @@ def _parse_size(text: str) -> tuple[int, int]:
 def _settings(machine_name: str | None):
     # lazy: the plan imports torch (~1 s), not wanted for `demo --help`
     from .train.plan.demo_plan import demo_settings
+    from .train.plan.hardware import detect_machine
     from .train.plan.machine import Machine
     from .train.step.distributed import dist_env_from_environ
     if machine_name is None:
-        return demo_settings(Machine.detect(dist_env_from_environ()))
+        return demo_settings(detect_machine(dist_env_from_environ()))
     try:
         return demo_settings(Machine.preset(machine_name))
     except ValueError as exc:

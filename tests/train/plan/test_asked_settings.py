@@ -7,7 +7,7 @@ import pytest
 
 from turbotrain.train.config.config import TrainConfig
 from turbotrain.train.plan import PRESETS, DatasetFacts, plan
-from turbotrain.train.plan.rules import precision
+from turbotrain.train.plan.device_choice import pick_precision
 
 CPU2 = PRESETS["cpu2"]  # native bf16 (AVX-512 bf16)
 NO_BF16 = PRESETS["cpu2-avx2"]  # AVX2 only: bf16 emulated
@@ -37,7 +37,7 @@ def test_a_precision_asked_for_that_is_emulated_here_is_a_warning(machine, asked
 def test_auto_precision_never_warns():
     for machine in (CPU2, NO_BF16, H200):
         assert plan(TrainConfig(data="d"), None, machine)["precision"].warning == ""
-    assert precision("auto", "cpu", None, cpu_bf16=False).value == "fp32"
+    assert pick_precision("auto", "cpu", None, cpu_bf16=False).value == "fp32"
 
 
 def test_warmup_epochs_become_steps_and_only_steps_are_saved():

@@ -16,7 +16,7 @@ from turbotrain.train.engine.batch_finder import BatchFit
 from turbotrain.train.errors import TrainError
 from turbotrain.train.step.distributed import dist_env_from_environ
 from turbotrain.train.plan import (PRESETS, DatasetFacts, Machine, Observed, OpenedPipeline,
-                                   WeightsFacts, plan)
+                                   WeightsFacts, detect_machine, plan)
 
 pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
 
@@ -336,7 +336,7 @@ def test_plan_reads_no_device_file_or_environment(monkeypatch):
 
 
 def test_machine_detect_describes_this_box():
-    machine = Machine.detect(dist_env_from_environ())
+    machine = detect_machine(dist_env_from_environ())
     assert machine.cores >= 1 and machine.ram_bytes > 0 and machine.world_size == 1
     assert "pytorch" in machine.pipelines
     assert (machine.gpus == ()) == (not torch.cuda.is_available())

@@ -1,42 +1,20 @@
-"""Device, precision, compile and thread-budget decisions."""
+"""Carrying the device decisions out: grad scaler and thread budget (the decisions themselves:
+tests/train/plan/test_device_choice.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from turbotrain.train.errors import TrainError
+from turbotrain.train.plan import GpuInfo, Machine
+from turbotrain.train.plan.device_choice import COMPILE_MODE, device_choices
 from turbotrain.train.step import device as dev
 
 CPU = torch.device("cpu")
 
 
-def test_precision_auto_on_cpu_follows_native_bf16(monkeypatch):
-    monkeypatch.setattr(dev, "cpu_has_native_bf16", lambda: True)
-    assert dev.choose_precision("auto", CPU).value == "bf16"
-    monkeypatch.setattr(dev, "cpu_has_native_bf16", lambda: False)
-    choice = dev.choose_precision("auto", CPU)
-    assert choice.value == "fp32" and "bf16" in choice.reason
-    assert dev.choose_precision("fp16", CPU).value == "fp16"
-
-
-def test_compile_and_channels_last_defaults():
-    assert dev.choose_compile(None, CPU).value is False
-    assert dev.choose_compile(None, torch.device("cuda")).value is True
-    assert dev.choose_compile(True, CPU).value is True
-    assert dev.choose_channels_last(None, is_conv_net=True).value is True
-    assert dev.choose_channels_last(None, is_conv_net=False).value is False
-
-
 def test_only_fp16_gets_a_live_grad_scaler():
     assert dev.make_grad_scaler(CPU, "fp16").is_enabled()
     assert not dev.make_grad_scaler(CPU, "bf16").is_enabled()
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_asked_for_but_absent():
-    with pytest.raises(TrainError, match="no CUDA device"):
-        dev.choose_device("cuda")
-    assert dev.choose_device("auto").value == CPU
 
 
 @pytest.mark.parametrize("cores, jpeg, workers, threads", [
@@ -56,8 +34,8 @@ def test_thread_budget_respects_what_was_asked():
     assert "oversubscribed" in plan.reason
 
 
-H200 = dev.GpuInfo("NVIDIA H200", (9, 0), 141 * 2**30)
-V100 = dev.GpuInfo("Tesla V100-SXM2-32GB", (7, 0), 32 * 2**30)
+H200 = GpuInfo("NVIDIA H200", (9, 0), 141 * 2**30)
+V100 = GpuInfo("Tesla V100-SXM2-32GB", (7, 0), 32 * 2**30)
 CUDA = torch.device("cuda", 0)
 
 
@@ -67,15 +45,16 @@ def test_each_cuda_decision_gives_its_gpu_reason():
 
     from turbotrain.train.engine.builder import threads_after_pipeline
     from turbotrain.train.plan.rules import auto_batch_size
-    precision = dev.choose_precision("auto", CUDA, H200)
+    on_h200 = device_choices(Machine(cores=16, ram_bytes=2**36, gpus=(H200,)))
+    precision = on_h200.precision
     assert precision.value == "bf16"
     assert precision.reason.startswith("NVIDIA H200: compute capability 9.0 >= 8.0")
-    older = dev.choose_precision("auto", CUDA, V100)
+    older = device_choices(Machine(cores=16, ram_bytes=2**36, gpus=(V100,))).precision
     assert older.value == "fp16" and "compute capability 7.0 < 8.0" in older.reason
-    compiled = dev.choose_compile(None, CUDA, H200)
+    compiled = on_h200.compile
     assert compiled.value is True and compiled.reason.startswith("CUDA (NVIDIA H200): ")
-    mode = dev.choose_compile_mode(CUDA, H200)
-    assert mode.value == dev.COMPILE_MODE and "on NVIDIA H200" in mode.reason
+    mode = on_h200.compile_mode
+    assert mode.value == COMPILE_MODE and "on NVIDIA H200" in mode.reason
     assert "reduce-overhead" in mode.reason and "gpu_check.py --all" in mode.reason
     plan = dev.plan_threads(CUDA, cores=16, workers=None, threads=None, jpeg_fraction=1.0)
     assert (plan.workers, plan.torch_threads) == (15, 1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from turbotrain.train.step import device
+from turbotrain.train.plan import hardware
 
 from ..conftest import FAST
 
@@ -32,7 +32,7 @@ def bf16_run(tiny_dataset, tmp_path_factory):
 @pytest.mark.parametrize("native", [False, True])
 def test_predict_does_not_inherit_an_emulated_precision(cli, bf16_run, monkeypatch, native):
     run, images = bf16_run
-    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(hardware, "cpu_native_bf16", lambda: native)
     code, _, err = cli("predict", "--run", run, images / "0.png", images / "1.png",
                        "--device", "cpu")
     assert code == 0, err
@@ -48,7 +48,7 @@ def test_predict_does_not_inherit_an_emulated_precision(cli, bf16_run, monkeypat
 
 def test_an_emulated_precision_asked_for_is_kept_with_a_warning(cli, bf16_run, monkeypatch):
     run, images = bf16_run
-    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_native_bf16", lambda: False)
     code, _, err = cli("predict", "--run", run, images / "0.png", "--device", "cpu",
                        "--precision", "bf16")
     assert code == 0, err

@@ -22,7 +22,7 @@ from ..config.config import AUTO, TrainConfig
 from ..config.config_files import save_yaml
 from ..errors import TrainError
 from ..models.models import Classifier, build_model, deterministic_global_pools
-from ..plan import DatasetFacts, Machine, Observed, Plan, plan
+from ..plan import DatasetFacts, Machine, Observed, Plan, detect_machine, plan
 from ..records import checkpoint as ckpt
 from ..step import host_memory
 from ..step.cpu_conv_guard import guard_strided_convs
@@ -115,7 +115,7 @@ def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSt
     current; the process group), the batch search it asks for, the pipelines, torch's threads.
     Each measurement is planned again with (plan/core.py), so the returned plan holds every
     decision as made. Returns (plan, train split, train pipeline, val pipeline or None)."""
-    machine = Machine.detect(env)
+    machine = detect_machine(env, gpus=config.device != "cpu")
     observed = Observed(host_memory=host_memory.decision())  # applied by cli.run_train
     first = plan(config, None, machine, observed)  # the process group needs the device first
     device = first.device

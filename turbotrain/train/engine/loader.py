@@ -29,7 +29,8 @@ from turbotrain.pipeline import (PipelineError, PipelineOptions, PipelineUnavail
 
 from ..config.config import AUTO, TrainConfig
 from ..models.models import InputStem
-from ..plan import DatasetFacts, Decision, Machine, Observed, OpenedPipeline, Plan, plan_loader
+from ..plan import (DatasetFacts, Decision, Machine, Observed, OpenedPipeline, Plan,
+                    detect_machine, plan_loader)
 from ..step.distributed import DistEnv, dist_env_from_environ
 
 NORMALIZED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -112,7 +113,7 @@ class Loader:
         dataset = open_dataset(config.data, split=split, cache_dir=cache_dir,
                                cache_limit=cache_limit)
         facts = DatasetFacts.of(dataset)
-        machine = Machine.detect(env)
+        machine = detect_machine(env, gpus=config.device != "cpu")
         planned, opened, _ = open_planned(
             config, facts, machine, Observed(), dataset, env, _loader_planner(device),
             train=split == "train" if train is None else train, drop_last=drop_last)

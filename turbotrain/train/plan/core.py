@@ -36,6 +36,7 @@ from ..errors import TrainError
 from ..models.models import get_model_spec
 from . import recipe, rules
 from .budget_size import budget_size
+from .device_choice import device_choices, pick_channels_last, pick_device
 from .facts import DatasetFacts, WeightsFacts
 from .machine import Machine
 from .rules import BatchSearch, Decision
@@ -109,16 +110,15 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     Without facts (no dataset), only the machine's decisions. Raises TrainError for settings
     that contradict each other or the data, PipelineError when no pipeline can run."""
     d: dict[str, Decision] = {}
-    device = _decide(d, "device", rules.device(config.device, machine.gpus,
-                                                     machine.local_rank)).type
-    gpu = machine.gpu if device == "cuda" else None
+    chosen = device_choices(machine, device=config.device, precision=config.precision,
+                            compile=config.compile)
+    device = _decide(d, "device", chosen.device).type
     config = _resume(d, config, observed)
     d["host_memory"] = _host_memory(machine, observed)
-    precision = _decide(d, "precision",
-                        rules.precision(config.precision, device, gpu, machine.cpu_bf16))
-    compiled = _decide(d, "compile", rules.compile_model(config.compile, device, gpu))
-    if compiled:
-        d["compile_mode"] = rules.compile_mode(device, gpu)
+    precision = _decide(d, "precision", chosen.precision)
+    compiled = _decide(d, "compile", chosen.compile)
+    if chosen.compile_mode is not None:
+        d["compile_mode"] = chosen.compile_mode
     config = config.replace(precision=precision, compile=compiled, device=device)
     if facts is None:
         return Plan(config, machine, _ordered(d))
@@ -128,7 +128,7 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     weights = _weights(config, observed)
     config, spec = _model(d, config, facts, device, weights, machine)
     channels_last = _decide(d, "channels_last",
-                            rules.channels_last(config.channels_last, spec.conv))
+                            pick_channels_last(config.channels_last, spec.conv))
     need, room = _resident_room(config, facts, machine, d["device"].value)
     pipeline = _pipeline(d, config, machine, observed, need, room)
     config = config.replace(order=_order(d, config, facts, machine, pipeline))
@@ -152,8 +152,7 @@ def plan_loader(config: TrainConfig, facts: DatasetFacts, machine: Machine,
     loader has no model, optimizer or schedule, so those rules are not asked (`batch_size`
     must be set)."""
     d: dict[str, Decision] = {}
-    device = _decide(d, "device", rules.device(config.device, machine.gpus,
-                                                     machine.local_rank))
+    device = _decide(d, "device", pick_device(config.device, machine.gpus, machine.local_rank))
     size = config.image_size
     if size is None:
         size = _decide(d, "image_size", rules.image_size(facts.largest_side, facts.train_count,

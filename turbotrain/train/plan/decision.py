@@ -1,4 +1,4 @@
-"""`Decision`: a planned value with its reason, what every rule returns (rules.py, device_rules.py,
+"""`Decision`: a planned value with its reason, what every rule returns (rules.py, device_choice.py,
 recipe.py, budget_size.py) and a run prints."""
 from __future__ import annotations
 

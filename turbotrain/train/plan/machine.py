@@ -1,18 +1,13 @@
 """`Machine`: what a plan needs to know about the hardware and the launch, as plain values.
 
-`Machine.detect()` reads the machine this process runs on (the only impure part, kept here);
-`PRESETS` describe machines we are not on (`turbotrain info --machine 8xh200`, the plan's
-tests), so a plan for them can be computed, printed and tested anywhere.
+hardware.detect_machine(env) fills one in for the machine this process runs on (the one reader
+of the hardware); `PRESETS` describe machines we are not on (`turbotrain info --machine
+8xh200`, the plan's tests), so a plan for them can be computed, printed and tested anywhere.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field, replace
 
-import torch
-
-from turbotrain import host
-from turbotrain.pipeline.auto import installed_engines
 from turbotrain.pipeline.registry import optional_engines, pipeline_names
 
 
@@ -26,7 +21,7 @@ class GpuInfo:
     name: str
     capability: tuple[int, int]
     memory_bytes: int
-    # Free memory measured by Machine.detect() on this rank's GPU (the resident budget is a
+    # Free memory measured by hardware.detect_machine() on this rank's GPU (the resident budget is a
     # share of it); None for the other GPUs and for presets: then planned as all free.
     free_bytes: int | None = None
     bf16: bool = True  # bf16 tensors work (natively from compute capability 8.0, else emulated)
@@ -82,38 +77,6 @@ class Machine:
                   "per node")
         return (f"{self.name}: {self.cores} cores ({bf16}), {self.ram_bytes / 2**30:.0f} GiB "
                 f"RAM available, {gpus}; {launch}")
-
-    @classmethod
-    def detect(cls, env) -> Machine:
-        """This machine, seen from this process. `env`: torchrun's ranks (a DistEnv:
-        step/distributed.py's dist_env_from_environ, or the process group's). Reads the affinity, /proc/meminfo and the cgroup limit,
-        /proc/cpuinfo (once), and on CUDA each GPU's properties and this rank's free memory."""
-        cpu = host.cpu_info()
-        if cpu.read:
-            bf16 = "avx512_bf16" in cpu.flags or "amx_bf16" in cpu.flags
-        else:  # not Linux: oneDNN's own check (it also says yes for emulated bf16)
-            bf16 = bool(torch.backends.mkldnn.is_available()
-                        and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        gpus = []
-        if torch.cuda.is_available():
-            count = torch.cuda.device_count()
-            for index in range(count):
-                props = torch.cuda.get_device_properties(index)
-                free, bf16 = None, props.major >= 8
-                # Only this rank's GPU is asked for its free memory (and for emulated bf16):
-                # each query creates a CUDA context, which on the other GPUs would cost every
-                # rank memory there.
-                if index == env.local_rank % count:
-                    with torch.cuda.device(index):
-                        free = int(torch.cuda.mem_get_info(index)[0])
-                        bf16 = bf16 or torch.cuda.is_bf16_supported()
-                gpus.append(GpuInfo(props.name, (props.major, props.minor),
-                                    int(props.total_memory), free, bf16))
-        return cls(cores=host.available_cores(), ram_bytes=host.available_ram(),
-                   gpus=tuple(gpus), cpu_model=cpu.model, cpu_flags=cpu.flags, cpu_bf16=bf16,
-                   world_size=env.world_size, local_world_size=env.local_world_size,
-                   local_rank=env.local_rank, pipelines=tuple(pipeline_names()),
-                   installed=installed_engines(), platform=sys.platform)
 
     @classmethod
     def preset(cls, name: str) -> Machine:

@@ -1,5 +1,5 @@
 """The rule for each automatic setting: a pure function of a few facts, returning the value with
-its reason. `plan.plan` applies them in order; nothing here reads a file, a device or a global.
+its reason (the device's, precision's and compile's: device_choice.py). `plan.plan` applies them in order; nothing here reads a file, a device or a global.
 
 Each rule's numbers are measurements, quoted next to it.
 """
@@ -13,9 +13,6 @@ from turbotrain.printable import printable
 
 from ..errors import TrainError
 from .decision import Decision, asked  # noqa: F401  (rules.Decision, rules.asked: one namespace)
-# The device rules live in their own module; rules.device, rules.precision, ... stay their names.
-from .device_rules import (COMPILE_MODE, channels_last, compile_mode, compile_model,  # noqa: F401
-                           device, precision, slow_precision)
 
 
 # ---------------------------------------------------------------------------- image size, model

@@ -27,7 +27,8 @@ from turbotrain.pipeline.registry import capabilities, first_pipeline
 
 from ..models.models import get_model_spec
 from ..plan.facts import jpeg_fraction, largest_side
-from ..step.device import cpu_has_native_bf16, device_memory_bytes, peak_device_memory_bytes
+from ..plan.hardware import cpu_native_bf16
+from ..step.device import device_memory_bytes, peak_device_memory_bytes
 
 # TensorFlow's profiler calls a run "highly input-bound" from 20 % of step time waiting for
 # input: removing a 20 % wait makes the run 1.25x faster, worth changing the pipeline for.
@@ -216,7 +217,7 @@ def facts_of_run(run, ledger) -> Facts:
         import torch
         bf16 = torch.cuda.is_bf16_supported()
     else:
-        bf16 = cpu_has_native_bf16()
+        bf16 = cpu_native_bf16()
     return Facts(
         device=device.type, timed_steps=ledger.steps, seconds=ledger.seconds,
         data_wait=ledger.data_wait, compute=ledger.compute,

@@ -1,10 +1,9 @@
-"""Where and how fast to train, for this process: the device, its GPU, precision, compile and
-the CPU thread budget, with the trainer's autocast, grad scaler and peak-memory readings.
+"""Carrying the device decisions out in this process: the current CUDA device, autocast, the
+grad scaler, torch's threads and the peak-memory readings.
 
-The rules themselves live in plan/rules.py (`train` plans with them for a Machine, see
-plan/__init__.py). The `choose_*` here apply them to the machine this process runs on, for the
-commands that load a model without planning a run (eval, predict, export) and for tests;
-`use_device` is the one place the process's current CUDA device is set.
+The decisions themselves (device, precision, compile, channels_last) are made in one place,
+plan/device_choice.py, from a Machine that plan/hardware.py detects; `use_device` is the one
+place the process's current CUDA device is set.
 """
 from __future__ import annotations
 
@@ -15,30 +14,7 @@ import torch
 from turbotrain import host
 from turbotrain.pipeline.workers import ThreadPlan, split_cores
 
-from ..plan import rules
-from ..plan.machine import GpuInfo
-from ..plan.rules import COMPILE_MODE, Decision
-
-__all__ = ["COMPILE_MODE", "Decision", "GpuInfo", "ThreadPlan"]
-
-
-def describe_gpu(device: torch.device) -> GpuInfo | None:
-    """The GPU behind `device` (None for a CPU device)."""
-    if device.type != "cuda":
-        return None
-    props = torch.cuda.get_device_properties(device)
-    return GpuInfo(props.name, (props.major, props.minor), int(props.total_memory),
-                   bf16=props.major >= 8)
-
-
-def choose_device(requested: str, local_rank: int = 0) -> Decision:
-    """plan.rules.device for this process's CUDA devices (it does not make the device current:
-    use_device does)."""
-    gpus = ()
-    if requested != "cpu" and torch.cuda.is_available():
-        gpus = tuple(describe_gpu(torch.device("cuda", i))
-                     for i in range(torch.cuda.device_count()))
-    return rules.device(requested, gpus, local_rank)
+__all__ = ["ThreadPlan"]
 
 
 def use_device(device: torch.device) -> None:
@@ -46,43 +22,6 @@ def use_device(device: torch.device) -> None:
     index-less CUDA calls (NCCL, the batch finder, torch.compile) use it."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-
-
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU does bf16 math in hardware (AVX512-BF16 or AMX)."""
-    cpu = host.cpu_info()
-    if cpu.read:
-        return "avx512_bf16" in cpu.flags or "amx_bf16" in cpu.flags
-    # Not Linux: oneDNN's own check (it also says yes for emulated bf16 on plain AVX-512).
-    return bool(torch.backends.mkldnn.is_available()
-                and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def choose_precision(requested: str, device: torch.device,
-                     gpu: GpuInfo | None = None) -> Decision:
-    if device.type == "cuda":
-        if requested == "auto":
-            gpu = gpu or describe_gpu(device)
-        elif requested == "bf16":  # emulated before compute capability 8.0: torch knows
-            gpu = GpuInfo("", (0, 0), 0, bf16=torch.cuda.is_bf16_supported())
-        return rules.precision(requested, "cuda", gpu, cpu_bf16=False)
-    # (also for bf16 asked for: the decision then says whether it is emulated, and slow)
-    return rules.precision(requested, device.type, None,
-                           cpu_bf16=requested in ("auto", "bf16") and cpu_has_native_bf16())
-
-
-def choose_compile(requested: bool | None, device: torch.device,
-                   gpu: GpuInfo | None = None) -> Decision:
-    return rules.compile_model(requested, device.type, gpu)
-
-
-def choose_compile_mode(device: torch.device, gpu: GpuInfo | None = None) -> Decision:
-    """torch.compile's `mode` for a compiled run (see COMPILE_MODE)."""
-    return rules.compile_mode(device.type, gpu)
-
-
-def choose_channels_last(requested: bool | None, is_conv_net: bool) -> Decision:
-    return rules.channels_last(requested, is_conv_net)
 
 
 def autocast_context(device: torch.device, precision: str):

@@ -17,7 +17,7 @@ from turbotrain.pipeline.workers import split_cores
 
 from ..config.config import TrainConfig
 from ..engine.data import open_split, open_val_split
-from ..plan import DatasetFacts, Machine, plan
+from ..plan import DatasetFacts, Machine, detect_machine, plan
 from ..step.distributed import dist_env_from_environ
 
 CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16",
@@ -95,24 +95,14 @@ def cpu(machine) -> dict:
             "native bf16": machine.cpu_bf16, "AMX": "amx_tile" in machine.cpu_flags}
 
 
-def gpus(machine=None) -> list[dict]:
-    """This machine's GPUs with their free memory; a preset's as it describes them."""
-    if machine is not None:
-        return [{"index": i, "name": g.name, "memory GiB": round(g.memory_bytes / 2**30, 1),
-                 "free GiB": round(g.free / 2**30, 1),
-                 "compute capability": "{}.{}".format(*g.capability), "bf16": g.bf16}
-                for i, g in enumerate(machine.gpus)]
-    if not torch.cuda.is_available():
-        return []
-    found = []
-    for i in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(i)
-        free, total = torch.cuda.mem_get_info(i)
-        found.append({"index": i, "name": props.name, "memory GiB": round(total / 2**30, 1),
-                      "free GiB": round(free / 2**30, 1),
-                      "compute capability": f"{props.major}.{props.minor}",
-                      "bf16": props.major >= 8})
-    return found
+def gpus(machine) -> list[dict]:
+    """The machine's GPUs as detect_machine (or a preset) describes them: free memory only where
+    it was measured, on this rank's GPU (asking the others would open a CUDA context on each,
+    ~500 MB of their memory; hardware.py)."""
+    return [{"index": i, "name": g.name, "memory GiB": round(g.memory_bytes / 2**30, 1),
+             "free GiB": None if g.free_bytes is None else round(g.free_bytes / 2**30, 1),
+             "compute capability": "{}.{}".format(*g.capability), "bf16": g.bf16}
+            for i, g in enumerate(machine.gpus)]
 
 
 def pipelines(planned, facts=None) -> dict[str, str]:
@@ -150,7 +140,7 @@ def train_picks(data: str | None = None, machine=None):
     """What `train --data DATA` would decide on `machine` (this one when None): the plan, and
     name -> "value: reason" for each decision; without data, the machine's decisions and the
     thread split for JPEG and for raw data."""
-    machine = machine or Machine.detect(dist_env_from_environ())
+    machine = machine or detect_machine(dist_env_from_environ())
     facts = None
     if data is not None:
         val, missing = open_val_split(data)
@@ -175,7 +165,7 @@ def gather(data: str | None = None, machine_name: str | None = None) -> dict:
     picks, planned, facts = train_picks(data, preset)
     return {"turbotrain": __version__, "versions": versions(),
             "machine": planned.machine.describe(), "cpu": cpu(planned.machine),
-            "gpus": gpus(preset), "pipelines": pipelines(planned, facts),
+            "gpus": gpus(planned.machine), "pipelines": pipelines(planned, facts),
             "train would pick": picks}
 
 
@@ -193,7 +183,8 @@ def format_info(info: dict) -> str:
               f"{'yes' if c['AMX'] else 'no'}"]
     lines += ["", "GPUs:" if info["gpus"] else "GPUs: none (torch.cuda.is_available() is False)"]
     for g in info["gpus"]:
-        lines.append(f"  {g['index']}: {g['name']}, {g['memory GiB']} GiB ({g['free GiB']} free), "
+        free = "free not measured" if g["free GiB"] is None else f"{g['free GiB']} free"
+        lines.append(f"  {g['index']}: {g['name']}, {g['memory GiB']} GiB ({free}), "
                      f"compute {g['compute capability']}, bf16 {'yes' if g['bf16'] else 'no'}")
     lines += ["", "pipelines:"]
     lines += [f"  {k:<20} {v}" for k, v in info["pipelines"].items()]

@@ -43,7 +43,8 @@ from ..engine import batch_finder as bf
 from ..engine.data import open_split
 from ..errors import TrainError
 from ..models.models import build_model
-from ..plan import DatasetFacts, Machine, Observed, OpenedPipeline, plan, rules
+from ..plan import (DatasetFacts, Machine, Observed, OpenedPipeline, detect_machine, plan,
+                    rules)
 from ..records.profiling import StepClock
 from ..step.device import apply_torch_threads
 from ..step.distributed import dist_env_from_environ
@@ -103,7 +104,7 @@ class Sweep:
         self.deadline = self.started + self.budget  # the whole command's (module docstring)
         self.dataset = open_split(args.data, "train")
         self.facts = DatasetFacts.of(self.dataset)
-        self.machine = machine or Machine.detect(dist_env_from_environ())
+        self.machine = machine or detect_machine(dist_env_from_environ())
         # --global-batch-size is batch_plan's: a sweep for speed plans without it (train
         # would also refuse one larger than the split; tune still says how to reach it).
         self.config = TrainConfig(data=str(args.data), model=args.model,

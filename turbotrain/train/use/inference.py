@@ -29,8 +29,10 @@ from ..config.config_files import read_yaml
 from ..config.config_flags import parse_value
 from ..errors import TrainError
 from ..models.models import get_model_spec
-from ..step.device import (apply_torch_threads, autocast_context, available_cores,
-                           choose_channels_last, choose_device, choose_precision, plan_threads)
+from ..plan.device_choice import pick_channels_last, pick_device, pick_precision
+from ..plan.hardware import detect_machine
+from ..step.device import apply_torch_threads, autocast_context, available_cores, plan_threads
+from ..step.distributed import dist_env_from_environ
 from ..weights.weights import ModelCard, load_classifier, run_weights
 
 
@@ -115,17 +117,21 @@ def load_model(args: argparse.Namespace, *, device: str = "auto",
             raise TrainError(f"--weights {source} is a folder; pass --run {source}, or the "
                              "weights file in it")
     settings = run_settings(run_dir) if run_dir is not None else {}
-    chosen = choose_device(getattr(args, "device", device) or device)
-    dev = chosen.value
+    # The same decisions as train's (plan/device_choice.py), for the machine detected once.
+    requested = getattr(args, "device", device) or device
+    machine = detect_machine(dist_env_from_environ(), gpus=requested != "cpu")
+    dev = pick_device(requested, machine.gpus,
+                      machine.local_rank).value
+    gpu = machine.gpu if dev.type == "cuda" else None
     model, card = load_classifier(source, dev)
     same_kind = settings.get("device") == dev.type
     asked = getattr(args, "precision", precision) or precision
     inherited = asked is None
     if asked is None:
         asked = settings.get("precision", "auto") if same_kind else "auto"
-    chosen_precision = choose_precision(asked, dev)
+    chosen_precision = pick_precision(asked, dev.type, gpu, machine.cpu_bf16)
     if chosen_precision.warning and inherited:  # a bf16 run on a CPU without native bf16
-        chosen_precision = choose_precision("auto", dev)
+        chosen_precision = pick_precision("auto", dev.type, gpu, machine.cpu_bf16)
         print(f"{prog}: note: the run's precision {asked} is emulated on this CPU (3-6x slower "
               f"than fp32); running in {chosen_precision.value} (--precision {asked} keeps "
               f"the run's)", file=sys.stderr)
@@ -133,7 +139,7 @@ def load_model(args: argparse.Namespace, *, device: str = "auto",
         print(f"{prog}: warning: {chosen_precision.warning}", file=sys.stderr)
     conv = get_model_spec(card.model).conv
     channels_last = settings.get("channels_last") if same_kind else None
-    channels_last = choose_channels_last(channels_last, conv).value
+    channels_last = pick_channels_last(channels_last, conv).value
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     return LoadedModel(model=model, card=card, path=Path(source), run_dir=run_dir,

@@ -1,12 +1,16 @@
-"""The device rules: where a rank trains, in what precision, compiled or not, in what memory
-format. Pure functions of a few facts (the GPU, the CPU's bf16), as every rule (rules.py), which
-re-exports them: `rules.precision` is the name callers use.
+"""The one place the device decisions are made: where a rank runs, in what precision, compiled
+or not (and how), in what memory format. Pure functions of a described machine (machine.py's
+`Machine`, which hardware.py fills in for this one), so a test hands them "an H100 with a CPU
+without bf16" or "two A100s in one node" and checks every choice. `train` (plan/core.py) and
+eval/predict/export (use/inference.py) ask `device_choices`; nothing else decides these.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import TrainError
 from .decision import Decision
-from .machine import GpuInfo
+from .machine import GpuInfo, Machine
 
 # torch.compile's mode on CUDA. "default": Inductor's fused Triton kernels, one launch each.
 # "reduce-overhead" adds CUDA graphs (a step's launches replayed as one), which removes the
@@ -17,7 +21,7 @@ from .machine import GpuInfo
 COMPILE_MODE = "default"
 
 
-def device(requested: str, gpus: tuple[GpuInfo, ...], local_rank: int = 0) -> Decision:
+def pick_device(requested: str, gpus: tuple[GpuInfo, ...], local_rank: int = 0) -> Decision:
     """The rank's device: `cuda:LOCAL_RANK % GPUs` when CUDA is there (or asked for)."""
     import torch
     if requested == "cuda" and not gpus:
@@ -31,7 +35,7 @@ def device(requested: str, gpus: tuple[GpuInfo, ...], local_rank: int = 0) -> De
                     f"CUDA available ({gpus[index].name})")
 
 
-def precision(requested: str, device_type: str, gpu: GpuInfo | None, cpu_bf16: bool
+def pick_precision(requested: str, device_type: str, gpu: GpuInfo | None, cpu_bf16: bool
               ) -> Decision:
     if requested != "auto":
         if requested == "bf16" and device_type == "cuda" and gpu is not None and not gpu.bf16:
@@ -63,7 +67,7 @@ def slow_precision(precision: str, device_type: str, cpu_bf16: bool) -> str:
             f"--precision auto or fp32")
 
 
-def compile_model(requested: bool | None, device_type: str, gpu: GpuInfo | None) -> Decision:
+def pick_compile(requested: bool | None, device_type: str, gpu: GpuInfo | None) -> Decision:
     if requested is not None:
         return Decision(requested, "asked for")
     if device_type == "cuda":
@@ -74,7 +78,7 @@ def compile_model(requested: bool | None, device_type: str, gpu: GpuInfo | None)
     return Decision(False, "CPU: measured no speedup and a 35-60 s compile")
 
 
-def compile_mode(device_type: str, gpu: GpuInfo | None) -> Decision:
+def pick_compile_mode(device_type: str, gpu: GpuInfo | None) -> Decision:
     """torch.compile's `mode` for a compiled run (see COMPILE_MODE)."""
     if device_type != "cuda":
         return Decision(COMPILE_MODE, "CPU: CUDA graphs do not apply")
@@ -85,10 +89,37 @@ def compile_mode(device_type: str, gpu: GpuInfo | None) -> Decision:
                     "default")
 
 
-def channels_last(requested: bool | None, is_conv_net: bool) -> Decision:
+def pick_channels_last(requested: bool | None, is_conv_net: bool) -> Decision:
     if requested is not None:
         return Decision(requested, "asked for")
     if is_conv_net:
         return Decision(True, "conv net: NHWC convolutions skip layout conversions, and the "
                         "pipeline hands over NHWC uint8 anyway")
     return Decision(False, "not a conv net")
+
+
+@dataclass(frozen=True)
+class DeviceChoices:
+    """Every device decision for one rank, each with its reason."""
+    device: Decision  # torch.device
+    precision: Decision  # "fp32" | "bf16" | "fp16"
+    compile: Decision  # bool
+    compile_mode: Decision | None  # torch.compile's mode; None when not compiled
+    channels_last: Decision | None  # None when the model (conv net or not) is not known yet
+    gpu: GpuInfo | None  # the rank's GPU the choices were made for (None on a CPU device)
+
+
+def device_choices(machine: Machine, *, device: str = "auto", precision: str = "auto",
+                   compile: bool | None = None, channels_last: bool | None = None,
+                   conv_net: bool | None = None) -> DeviceChoices:
+    """The device decisions for `machine`'s rank (machine.local_rank), from what was asked
+    ("auto"/None: decide). The CPU's bf16 is the CPU's own flag, whatever the GPUs are."""
+    where = pick_device(device, machine.gpus, machine.local_rank)
+    kind = where.value.type
+    gpu = machine.gpu if kind == "cuda" else None
+    compiled = pick_compile(compile, kind, gpu)
+    return DeviceChoices(
+        device=where, precision=pick_precision(precision, kind, gpu, machine.cpu_bf16),
+        compile=compiled, compile_mode=pick_compile_mode(kind, gpu) if compiled.value else None,
+        channels_last=None if conv_net is None else pick_channels_last(channels_last, conv_net),
+        gpu=gpu)
