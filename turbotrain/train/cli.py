@@ -20,6 +20,7 @@ from .config.config_files import config_from_namespace
 from .config.config_flags import add_config_arguments
 from .errors import DistributedFailure, Interrupted, TrainError, TrainingDiverged
 from .models.models import model_names
+from .step.determinism import fix_cublas_workspace
 from .step.host_memory import keep_freed_memory
 
 PROG = "train"
@@ -49,6 +50,9 @@ def run_train(args: argparse.Namespace) -> int:
     keep_freed_memory()
     try:
         config = config_from_namespace(args)
+        # Before anything touches CUDA (the batch search runs CUDA steps early): step/
+        # determinism.py says why cuBLAS needs it then.
+        fix_cublas_workspace(config.deterministic)
         # lazy: `train --help` does not load the trainer (+80 ms)
         from .engine.trainer import train
         train(config)

@@ -26,6 +26,7 @@ from ..plan import DatasetFacts, Machine, Observed, Plan, detect_machine, plan
 from ..records import checkpoint as ckpt
 from ..step import host_memory
 from ..step.cpu_conv_guard import guard_strided_convs
+from ..step.determinism import fix_cublas_workspace
 from ..step.device import ThreadPlan, apply_torch_threads, use_device
 from ..step.distributed import (DistEnv, broadcast_object, convert_sync_batchnorm,
                                 init_process_group, wrap_model)
@@ -73,6 +74,7 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
     run folder and the training step. `cleanup` closes the pipelines when the run ends, or when
     building it fails half-way."""
     config.validate()
+    fix_cublas_workspace(config.deterministic)  # before the batch search's CUDA steps
     auto = config.resume == AUTO  # the plan replaces it with what auto decided
     planned, train_data, train_pipeline, val_pipeline = _plan_and_open(config, env, cleanup)
     config, device = planned.config, planned.device
@@ -211,10 +213,15 @@ def _place_model(model: Classifier, planned: Plan, env: DistEnv, init_pipeline, 
     if config.sync_bn:
         model, why = convert_sync_batchnorm(model, env, device)
         decide("sync_bn", env.enabled, why)
-    train_model: nn.Module = model
+    train_model = wrap_model(model, env, device)
     if config.compile:
+        # DDP first, then torch.compile, as PyTorch's DDP notes say ("TorchDynamo
+        # DDPOptimizer", docs/source/notes/ddp.rst: `ddp_model = DDP(model); ddp_model =
+        # torch.compile(ddp_model)`): Dynamo then splits the compiled graph at DDP's gradient
+        # buckets, so each bucket's all-reduce overlaps the rest of the backward. Compiled the
+        # other way round, DDP sees one opaque backward and all-reduces after it. Not timed
+        # here yet: bench/gpu_check.py --all checks the order on the GPU.
         train_model = torch.compile(train_model, mode=planned.compile_mode)
-    train_model = wrap_model(train_model, env, device)
     # After DDP's broadcast of rank 0's weights: a data-dependent init (data_init) differs
     # across ranks, and every rank's EMA must start from the same weights.
     return train_model, ModelEMA(model, config.ema_decay) if config.ema else None
@@ -298,9 +305,7 @@ def _classes(names) -> str:
 
 
 def _set_determinism(config: TrainConfig, device: torch.device) -> None:
-    if config.deterministic:
-        # cuBLAS needs a fixed workspace to be deterministic; it reads this at CUDA init.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # (cuBLAS's workspace was fixed before any CUDA call: fix_cublas_workspace in build_run.)
     # Set both ways: the flag is process-wide, and a --deterministic run in this process (a
     # test, a notebook) must not leave the next run deterministic, with its new tensors filled
     # with NaN (torch.utils.deterministic.fill_uninitialized_memory).
