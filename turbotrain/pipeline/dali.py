@@ -255,7 +255,7 @@ class DaliPipeline(OrderedPipeline):
 
     def _run(self, pipe) -> torch.Tensor:
         try:
-            (output,) = pipe.run()
+            (output,) = run_on_our_stream(pipe, self.device)
         except StopIteration:
             raise PipelineError("dali: the pipeline ran out of batches before the epoch "
                                 "ended (a bug: please report it)") from None
@@ -265,12 +265,11 @@ class DaliPipeline(OrderedPipeline):
         except RuntimeError as e:
             self._pipe = None  # DALI refuses to run again after an error
             raise self._failure(e) from None
-        # DLPack: zero-copy, and torch waits on DALI's stream for GPU outputs.
-        return torch.from_dlpack(output.as_tensor())
+        return torch.from_dlpack(output.as_tensor())  # zero-copy
 
     def _ended(self, pipe) -> bool:
         try:
-            pipe.run()
+            run_on_our_stream(pipe, self.device)
         except StopIteration:
             return True
         except RuntimeError:
@@ -300,6 +299,17 @@ class DaliPipeline(OrderedPipeline):
     def close(self) -> None:
         self._pipe = None
         self._reusable = False
+
+
+def run_on_our_stream(pipe, device: torch.device) -> tuple:
+    """One `pipe.run()` whose GPU outputs are ordered before our work, explicitly: DALI binds
+    them to torch's current stream (run's `cuda_stream`, exec_dynamic), making that stream
+    wait for DALI's own before anything we queue reads them. Without a stream DALI would wait
+    on the host instead (a sync per batch); the DLPack export's implicit wait is not relied on.
+    On a CPU device the outputs are host memory: nothing to order."""
+    if device.type != "cuda":
+        return pipe.run()
+    return pipe.run(torch.cuda.current_stream(device))
 
 
 def _dali_reason(error: BaseException) -> str:
