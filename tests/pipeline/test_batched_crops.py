@@ -36,7 +36,7 @@ def test_shifted_crops_refuse_a_flip_without_mirrors():
 
 def test_grid_sample_path_matches_the_cv2_path(monkeypatch):
     """The CPU store's crops: the compiled kernel's raw-sample path (the default), cv2 (the
-    Python decode path) and grid_sample (CUDA's) agree."""
+    Python decode path) and the device path (CUDA's, test_resident_device_crops.py) agree."""
     from turbotrain.pipeline import kernel
     y, x = np.mgrid[0:64, 0:64].astype(np.float32)
     smooth = np.stack([x * 4, y * 4, (x + y) * 2], axis=-1).clip(0, 255).astype(np.uint8)
@@ -48,7 +48,7 @@ def test_grid_sample_path_matches_the_cv2_path(monkeypatch):
     try:
         assert crops.native is not None
         native = crops(indices, boxes).float()
-        sampled = crops._grid_sample(indices, boxes).float()
+        sampled = crops._on_device(indices, boxes).float()
     finally:
         crops.close()
     monkeypatch.setattr(kernel, "NATIVE", None)
@@ -59,7 +59,7 @@ def test_grid_sample_path_matches_the_cv2_path(monkeypatch):
         crops.close()
     assert (native - reference).abs().max() <= 1  # the kernel's resize: within a grey level
     assert sampled.shape == reference.shape == (3, 24, 24, 3)
-    # cv2's fixed-point bilinear and grid_sample agree to a grey level or two on smooth images
-    # (only at the whole-image 64 -> 24 shrink does cv2 switch to INTER_AREA).
+    # cv2's fixed-point filters and the device path's float ones agree to a grey level or two
+    # on smooth images (only at the whole-image 64 -> 24 shrink does cv2 switch to INTER_AREA).
     assert (sampled - reference)[:2].abs().mean() < 1.0
     assert (sampled - reference)[2].abs().mean() < 3.0

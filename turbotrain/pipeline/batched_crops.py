@@ -5,12 +5,14 @@ Two operations, both writing a fresh uint8 (B, S, S, 3) batch:
 * `ShiftedCrops`: fixed-size crops at per-sample offsets, optionally mirrored (pad-and-crop for
   small images; the store is padded and mirrored once at load time). One gather does the
   selection, the crop and the flip together (airbench spends ~3 kernels per batch on it).
-* `resized_crops`: a box per sample resized to S x S, optionally mirrored (RandomResizedCrop).
-  On CUDA: one `F.grid_sample` over the batch with per-sample affine grids (bilinear; the flip
-  is a negative x scale). On the CPU grid_sample costs ~1.1 ms per 224 px sample (69 ms per 64
-  on 2 cores; roi_align 220 ms), while a box resizes in ~60-100 us, so the CPU path hands the
-  batch to the compiled kernel as raw samples (cpu_decode's crop, resize and flip, on its own
-  threads, without the GIL), or without the kernel runs cv2 per sample on a thread pool.
+* `ResizedCrops`: a box per sample resized to S x S, optionally mirrored (RandomResizedCrop).
+  On CUDA: the CPU kernel's filter (linear, area from a 2x shrink) as per-sample weight taps,
+  gathered and summed in float a chunk of samples at a time (`_on_device`: the same pixels as
+  the CPU path within a grey level, in a fixed work memory). On the CPU such batched gathers
+  cost far more than the kernel (grid_sample took ~1.1 ms per 224 px sample, 69 ms per 64 on
+  2 cores), while a box resizes in ~60-100 us, so the CPU path hands the batch to the compiled
+  kernel as raw samples (cpu_decode's crop, resize and flip, on its own threads, without the
+  GIL), or without the kernel runs cv2 per sample on a thread pool.
 """
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from turbotrain.datasets.beton.layout import MODE_RAW
 from turbotrain.held_setting import ONE_CV2_THREAD
@@ -52,19 +53,59 @@ class ShiftedCrops:
         self.steps = torch.arange(size, device=store.device)
 
     def __call__(self, indices: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
-                 flip: torch.Tensor) -> torch.Tensor:
+                 flip: torch.Tensor | None = None) -> torch.Tensor:
         """``out[k] = padded[indices[k], top[k]:top[k]+S, left[k]:left[k]+S]``, mirrored where
-        ``flip[k]``; offsets are in padded pixels and must keep the crop inside."""
+        ``flip[k]``; offsets are in padded pixels and must keep the crop inside. A store
+        without mirrors takes ``flip=None``: looking into a device tensor for a flip would wait
+        for the GPU on every batch (the caller checks its host-side boxes once an epoch)."""
         if self.mirrored:
             # The mirror of a window at column `left` is the window at `width - S - left`.
             indices = indices + self.count * flip
             left = torch.where(flip, self.width - self.size - left, left)
-        elif bool(flip.any()):
-            raise ValueError("this store has no mirrored copies; build it with mirrored=True")
+        elif flip is not None and (flip.device.type != "cpu" or bool(flip.any())):
+            raise ValueError("this store has no mirrored copies: pass flip=None, or build it "
+                             "with mirrored=True")
         rows = (indices * self.height + top)[:, None] + self.steps          # (B, S)
         starts = rows * self.width + left[:, None]                           # first pixel
         crops = self.windows.index_select(0, starts.view(-1))
         return crops.view(len(indices), self.size, self.size, self.channels)
+
+
+# Samples resized together on a device (ResizedCrops._on_device): bounds its float work to
+# ~170 MB at 224 px from a 256 px store, whatever the batch, for a handful of launches more.
+DEVICE_CHUNK = 64
+
+
+def _taps(side: int, size: int) -> int:
+    """Input pixels one output pixel can read along an axis: 2 (linear) or, for a box as large
+    as the store (`side`), an area span of side / size pixels straddling ceil + 1."""
+    return max(2, -(-side // size) + 1)
+
+
+def _axis_weights(start: torch.Tensor, length: torch.Tensor, out: int, taps: int,
+                  area: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first input pixel (B, out) int64, weights (B, out, taps) float32) resizing each
+    sample's span [start, start + length) to `out` pixels, as resample.c plans it: linear at
+    x = (d + 0.5) * scale - 0.5 clamped inside the span, or where `area`, each input pixel
+    weighted by its overlap with [d * scale, (d + 1) * scale). Weights past the span are 0."""
+    span = length.to(torch.float32)[:, None]                              # (B, 1)
+    scale = span / out
+    d = torch.arange(out, device=start.device, dtype=torch.float32)[None]  # (1, out)
+    t = torch.arange(taps, device=start.device, dtype=torch.float32)       # (T,)
+    x = (d + 0.5) * scale - 0.5
+    s0 = x.floor()
+    edge = (s0 < 0) | (s0 >= span - 1)
+    s0 = torch.minimum(s0.clamp(min=0), span - 1)
+    frac = torch.where(edge, 0.0, x - x.floor())[..., None]
+    linear = torch.where(t == 0, 1 - frac, torch.where(t == 1, frac, torch.zeros_like(frac)))
+    f1 = d * scale
+    a0 = f1.floor()
+    pixel = a0[..., None] + t                                              # (B, out, T)
+    overlap = torch.minimum(pixel + 1, (f1 + scale)[..., None]) - torch.maximum(pixel,
+                                                                                f1[..., None])
+    areas = overlap.clamp_(min=0) / scale[..., None]
+    first = torch.where(area[:, None], a0, s0).long() + start[:, None]
+    return first, torch.where(area[:, None, None], areas, linear)
 
 
 class ResizedCrops:
@@ -91,7 +132,7 @@ class ResizedCrops:
             return self._native(indices.numpy(), boxes.numpy())
         if self.pool is not None:
             return self._cpu(indices.numpy(), boxes.numpy())
-        return self._grid_sample(indices, boxes)
+        return self._on_device(indices, boxes)
 
     def _native(self, indices: np.ndarray, boxes: np.ndarray) -> torch.Tensor:
         """The store's images as the kernel's raw samples: one call for the batch."""
@@ -108,23 +149,54 @@ class ResizedCrops:
             raise PipelineError(f"resident: crop {position} of a batch failed ({reason})")
         return out
 
-    def _grid_sample(self, indices: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-        batch = self.store[indices].permute(0, 3, 1, 2).float()   # (B, 3, H, W) channels_last
-        height, width = batch.shape[2], batch.shape[3]
-        top, left, box_h, box_w, flip = boxes.to(torch.float32).unbind(1)
-        # align_corners=False: x_in = a * x_out + b maps the output's edges [-1, 1] onto the
-        # box's pixel edges [left, left + w] in the input's [-1, 1] frame.
-        sign = 1.0 - 2.0 * flip
-        theta = torch.zeros(len(boxes), 2, 3, device=batch.device)
-        theta[:, 0, 0] = sign * box_w / width
-        theta[:, 0, 2] = (2 * left + box_w) / width - 1
-        theta[:, 1, 1] = box_h / height
-        theta[:, 1, 2] = (2 * top + box_h) / height - 1
-        grid = F.affine_grid(theta, [len(boxes), 3, self.size, self.size], align_corners=False)
-        out = F.grid_sample(batch, grid, mode="bilinear", padding_mode="border",
-                            align_corners=False)
-        out = out.round_().clamp_(0, 255).to(torch.uint8)
-        return out.permute(0, 2, 3, 1).contiguous()                # NHWC bytes
+    def _on_device(self, indices: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        """The CPU kernel's resize (resample.c: cv2's INTER_LINEAR, INTER_AREA from a 2x
+        shrink, each clamped to its box) as float gathers on the store's device, DEVICE_CHUNK
+        samples at a time, so its work memory is a constant (work_bytes) the batch search
+        reserves, whatever the batch. Only the box's rows are gathered (the full-square float
+        copy grid_sample needed took ~400 MB a batch at 512). Every pixel within 1 grey level
+        of the kernel's, which rounds its fixed-point weights (test_batched_crops.py)."""
+        s = self.size
+        out = torch.empty((len(indices), s, s, 3), dtype=torch.uint8, device=self.store.device)
+        for start in range(0, len(indices), DEVICE_CHUNK):
+            part = slice(start, start + DEVICE_CHUNK)
+            out[part] = self._resize_chunk(indices[part], boxes[part])
+        return out
+
+    def _resize_chunk(self, indices: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        store, s = self.store, self.size
+        side = store.shape[1]
+        taps = _taps(side, s)
+        top, left, box_h, box_w, flip = boxes.unbind(1)
+        area = torch.minimum(box_h, box_w) >= 2 * s  # the kernel's switch: a 2x shrink
+        first_y, weight_y = _axis_weights(top, box_h, s, taps, area)
+        first_x, weight_x = _axis_weights(left, box_w, s, taps, area)
+        mirrored = flip.bool()[:, None]  # output column q reads the box's column S - 1 - q
+        first_x = torch.where(mirrored, first_x.flip(1), first_x)
+        weight_x = torch.where(mirrored[..., None], weight_x.flip(1), weight_x)
+        sample = indices[:, None]
+        mid = None  # (B, S, W, 3): the box's rows resampled, all columns
+        for t in range(taps):
+            rows = (first_y + t).clamp_(0, side - 1)
+            term = store[sample, rows].float().mul_(weight_y[..., t, None, None])
+            mid = term if mid is None else mid.add_(term)
+        batch = torch.arange(len(indices), device=store.device)[:, None]
+        out = None  # (B, S, S, 3)
+        for t in range(taps):
+            cols = (first_x + t).clamp_(0, side - 1)
+            # mid[b, :, cols[b, q]] -> (B, S_q, S_y, 3); as (B, S_y, S_q, 3) by a view
+            term = mid[batch, :, cols].permute(0, 2, 1, 3).mul(weight_x[:, None, :, t, None])
+            out = term if out is None else out.add_(term)
+        return out.round_().clamp_(0, 255).to(torch.uint8)
+
+    @staticmethod
+    def work_bytes(side: int, size: int) -> int:
+        """Device memory _on_device works in beside its output, for a store of `side` px
+        resized to `size`: per DEVICE_CHUNK samples, the row pass's float result and one tap
+        (with its uint8 gather), the column pass's float result and one tap."""
+        rows = size * side * 3 * (4 + 4 + 1)
+        cols = size * size * 3 * (4 + 4)
+        return DEVICE_CHUNK * (rows + cols)
 
     def _cpu(self, indices: np.ndarray, boxes: np.ndarray) -> torch.Tensor:
         cv2, s = self._cv2, self.size

@@ -31,7 +31,7 @@ import torch
 
 from ..host import available_ram
 from . import augment
-from .base import PipelineOptions, PipelineUnavailable
+from .base import PipelineError, PipelineOptions, PipelineUnavailable
 from .batched_crops import ResizedCrops, ShiftedCrops
 from .cpu_decode import BatchDecoder, DecodeAhead
 from .ordered import OrderedPipeline
@@ -88,10 +88,20 @@ class StoreLayout:
     def nbytes(self) -> int:
         return self.copies * self.num_samples * self.stored * self.stored * 3
 
+    def crop_work_bytes(self, image_size: int) -> int:
+        """Device memory the photo crops work in beside the store and the batch (a constant:
+        ResizedCrops.work_bytes); small images are gathered, not resized: 0."""
+        return 0 if self.small else ResizedCrops.work_bytes(self.stored, image_size)
+
 
 def resident_bytes(dataset, options: PipelineOptions) -> int:
     """Device bytes the resident store of `dataset` would take with `options`."""
     return StoreLayout(dataset, options).nbytes
+
+
+def crop_work_bytes(dataset, options: PipelineOptions) -> int:
+    """Device bytes the resident pipeline's CUDA crops work in (the batch search reserves them)."""
+    return StoreLayout(dataset, options).crop_work_bytes(options.image_size)
 
 
 class ResidentPipeline(OrderedPipeline):
@@ -154,13 +164,16 @@ class ResidentPipeline(OrderedPipeline):
             for indices, host in ahead.run(0, chunks, allocate):
                 if in_place:
                     continue
-                if p:  # reflect = torch's 'reflect' = cv2's BORDER_REFLECT_101 (no repeated edge)
-                    host = torch.from_numpy(np.pad(host.numpy(), ((0, 0), (p, p), (p, p), (0, 0)),
-                                                   mode="reflect"))
-                copies = [host, host.flip(2)] if layout.mirrored else [host]
-                for copy, image in enumerate(copies):  # copy 1: the mirrors, at index + n
-                    start = copy * n + int(indices[0])
-                    store[start:start + len(indices)].copy_(image, non_blocking=pinned)
+                if p:  # padded into another pinned buffer: the copy below stays asynchronous
+                    padded = torch.empty((len(indices), layout.stored, layout.stored, 3),
+                                         dtype=torch.uint8, pin_memory=pinned)
+                    reflect_pad_into(host.numpy(), padded.numpy(), p)
+                    host = padded
+                start = int(indices[0])
+                stored = store[start:start + len(indices)]
+                stored.copy_(host, non_blocking=pinned)  # pinned: no wait for the GPU
+                if layout.mirrored:  # copy 1, the mirrors at index + n: made where they live
+                    store[n + start:n + start + len(indices)].copy_(stored.flip(2))
         finally:
             ahead.close()
         if pinned:
@@ -178,6 +191,8 @@ class ResidentPipeline(OrderedPipeline):
                                    image_size=self.options.image_size,
                                    crop_ratio=self.options.crop_ratio,
                                    scale=self.options.scale, ratio=self.options.ratio)
+        if self.layout.small and not self.layout.mirrored and boxes.flip.any():  # host-side
+            raise PipelineError("resident: flips drawn for a store kept without mirrors")
         # One host-to-device copy per epoch for the order and every box.
         table = np.stack([samples, boxes.top + self.layout.pad, boxes.left + self.layout.pad,
                           boxes.height, boxes.width, boxes.flip.astype(np.int64)], axis=1)
@@ -188,7 +203,8 @@ class ResidentPipeline(OrderedPipeline):
             start += len(indices)
             index = rows[:, 0]
             if self.layout.small:
-                images = self.crops(index, rows[:, 1], rows[:, 2], rows[:, 5].bool())
+                flip = rows[:, 5].bool() if self.layout.mirrored else None
+                images = self.crops(index, rows[:, 1], rows[:, 2], flip)
             else:
                 images = self.crops(index, rows[:, 1:6])
             yield as_nchw(images), self.labels[index]
@@ -197,6 +213,23 @@ class ResidentPipeline(OrderedPipeline):
         if isinstance(self.crops, ResizedCrops):
             self.crops.close()
         self.store = self.crops = None
+
+
+def reflect_pad_into(images: np.ndarray, out: np.ndarray, pad: int) -> np.ndarray:
+    """`images` (N, H, W, C) reflect-padded by `pad` on each side into `out` (N, H+2p, W+2p, C):
+    torch's 'reflect' = cv2's BORDER_REFLECT_101 = np.pad's "reflect" (no repeated edge). Into
+    the caller's buffer (pinned for a CUDA store) rather than np.pad's fresh pageable array,
+    which made every chunk's host-to-device copy synchronous."""
+    h, w = images.shape[1:3]
+    if pad > min(h, w) - 2:  # tiny images: np.pad reflects more than once (never stored so)
+        np.copyto(out, np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="reflect"))
+        return out
+    out[:, pad:pad + h, pad:pad + w] = images
+    out[:, pad:pad + h, :pad] = images[:, :, pad:0:-1]                # left: columns p..1
+    out[:, pad:pad + h, pad + w:] = images[:, :, w - 2:w - 2 - pad:-1]  # right: w-2 down
+    out[:, :pad] = out[:, 2 * pad:pad:-1]                               # top, whole rows
+    out[:, pad + h:] = out[:, pad + h - 2:h - 2:-1]                     # bottom
+    return out
 
 
 def _gib(nbytes: int) -> str:

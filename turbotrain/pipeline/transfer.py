@@ -32,8 +32,9 @@ def _cuda_prefetch(batches, device: torch.device):
     side = torch.cuda.Stream(device=device)
     pending = None
     for images, labels in batches:
-        if not images.is_pinned():
-            images = images.pin_memory()
+        # Both pinned: a non_blocking copy from pageable memory is staged by the driver and
+        # returns only when done, so the labels' copy stalled the host on every batch.
+        images, labels = pinned(images), pinned(labels)
         with torch.cuda.stream(side):
             copied = torch.cuda.Event()
             ready = (images.to(device, non_blocking=True), labels.to(device, non_blocking=True),
@@ -44,6 +45,11 @@ def _cuda_prefetch(batches, device: torch.device):
         pending = ready
     if pending is not None:
         yield _hand_over(pending, device)
+
+
+def pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` in page-locked memory (itself when it already is)."""
+    return tensor if tensor.is_pinned() else tensor.pin_memory()
 
 
 def _hand_over(batch, device: torch.device):

@@ -131,7 +131,10 @@ def test_plan_table(row):
     assert c.batch_size == p.batch_search.limit  # planned with the search's bound
     assert c.workers == p.threads.workers and c.threads == p.threads.torch_threads
     resident = c.pipeline == "resident"
-    assert (p.batch_search.reserve_bytes == facts.resident_bytes(c.image_size)) == resident
+    # the store, and on CUDA the work memory of its photo crops (batched_crops.py)
+    crops = facts.resident_crop_bytes(c.image_size) if p.device.type == "cuda" else 0
+    reserved = facts.resident_bytes(c.image_size) + crops
+    assert (p.batch_search.reserve_bytes == reserved) == resident
     assert (p.batch_search.reserve_bytes == 0) != resident
     for name in ("device", "precision", "compile", "image_size", "model", "batch_size", "lr",
                  "warmup_steps", "pipeline", "threads", "channels_last", "host_memory"):

@@ -135,6 +135,8 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     # A store of the decoded split is filled after the batch is chosen: a search leaves it room.
     holds = capabilities(pipeline).holds_decoded_split
     reserve = need if holds and need <= room[0] else 0
+    if reserve and device == "cuda":  # and the work memory of its photo crops on the GPU
+        reserve += facts.resident_crop_bytes(config.image_size)
     batch, search = _batch(d, config, facts, machine, spec, reserve, observed)
     config = _optimizer(d, config.replace(batch_size=batch), facts, machine, spec, weights)
     budget, threads = _threads(d, config, facts, machine, device, pipeline, observed)

@@ -11,7 +11,7 @@ import torch
 from turbotrain.datasets.beton.layout import MODE_JPEG, SMALL_IMAGE_MAX_SIDE
 from turbotrain.pipeline.base import PipelineOptions
 from turbotrain.pipeline.order import stored_bytes
-from turbotrain.pipeline.resident import resident_bytes
+from turbotrain.pipeline.resident import crop_work_bytes, resident_bytes
 
 
 def jpeg_fraction(dataset) -> float:
@@ -65,6 +65,12 @@ class DatasetFacts:
         options = PipelineOptions(train=train, batch_size=1, image_size=image_size,
                                   device=torch.device("cpu"))
         return resident_bytes(_Sizes(self), options)
+
+    def resident_crop_bytes(self, image_size: int) -> int:
+        """Device bytes the resident pipeline's CUDA photo crops work in beside its store."""
+        options = PipelineOptions(train=True, batch_size=1, image_size=image_size,
+                                  device=torch.device("cpu"))
+        return crop_work_bytes(_Sizes(self), options)
 
 
 class _Sizes:
