@@ -196,7 +196,9 @@ def test_the_batch_search_answer_goes_through_the_same_decision():
     fits = plan(config, PHOTOS, H200, Observed(batch_fit=BatchFit(256, 256, "1 trial")))
     assert fits.batch_search is None and fits.config.batch_size == 256
     assert fits["batch_size"].line() == ("256: 256 per GPU on CUDA, the ImageNet reference "
-                                         "batch; it fits (1 trial)")
+                                         "batch; it fits (1 trial); trial steps eager, the "
+                                         "run's compiled (torch.compile: not what was "
+                                         "measured)")
     tight = plan(config, PHOTOS, H200, Observed(batch_fit=BatchFit(96, 256, "7 trials")))
     assert tight.config.batch_size == 96 and tight.config.lr == pytest.approx(0.1 * 96 / 256)
     assert "but 256 does not fit: 96 is the largest that does (7 trials)" in \

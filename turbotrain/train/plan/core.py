@@ -300,9 +300,12 @@ def _batch(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine, 
         d["batch_size"] = Decision(search, f"{search.why}; the largest that fits is measured "
                                    "at start (batch_finder)")
         return search.bound, search
-    return _decide(d, "batch_size", rules.batch_from_fit(
-        search, observed.batch_fit, count=facts.train_count, model=spec.name,
-        image_size=config.image_size)), None
+    fitted = rules.batch_from_fit(search, observed.batch_fit, count=facts.train_count,
+                                  model=spec.name, image_size=config.image_size)
+    if config.compile:  # batch_finder's trial steps are eager: say the run's are not
+        fitted = Decision(fitted.value, f"{fitted.reason}; trial steps eager, the run's "
+                          "compiled (torch.compile: not what was measured)")
+    return _decide(d, "batch_size", fitted), None
 
 
 def _optimizer(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine, spec,

@@ -17,8 +17,9 @@ the report then says so and names train's own pick, unmeasured.
 2. Each usable pipeline x worker count, the loader alone (`bench.steady_rate`, images/s),
    train's own pick (`train --pipeline auto`, the plan's) first.
 3. The fastest loader settings again with the model's training step: the trainer's own
-   (loop.make_engine: the GradScaler under fp16, the fused optimizer on CUDA), eager (`train`
-   may compile, which only speeds the compute side), timed by the trainer's own StepClock:
+   (loop.make_engine: the GradScaler under fp16, the fused optimizer on CUDA), eager, timed
+   by the trainer's own StepClock (compiling would cost most of a budget: ~40-60 s for
+   ResNet-50; where train compiles, the report says the step was not timed compiled):
    images/s and the share of the step spent waiting for data. On CPU, torch gets the cores the
    workers leave.
 The best measured row becomes the recommended `train` command; rows within the noise of it
@@ -91,6 +92,16 @@ def worker_counts(cores: int, device_type: str) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- the sweep
+
+def eager_note(train_compiles: bool) -> str | None:
+    """What the report says when the step it timed is not the one train runs: train compiles
+    on CUDA (torch.compile), tune and the batch search run the model eager."""
+    if not train_compiles:
+        return None
+    return ("the model step and the batch search ran eager; train compiles its step "
+            "(torch.compile), not timed here: its compute is faster than these rows show, and "
+            "a pipeline's data wait may be larger")
+
 
 class Sweep:
     """Varies train's plan (plan/): the same model, image size, precision and batch rule as
@@ -334,6 +345,7 @@ class Sweep:
                 "device": str(self.device), "cores": self.cores, "model": self.spec.name,
                 "image_size": self.image_size, "precision": self.precision, **plan,
                 "step_seconds": step, "budget_seconds": self.budget,
+                "eager_note": eager_note(self.plan.config.compile),
                 "seconds": time.perf_counter() - self.started, "past_budget": self.crossed,
                 "rows": [asdict(r) for r in rows],
                 "best": asdict(best) if best else None,

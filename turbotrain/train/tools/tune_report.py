@@ -97,5 +97,7 @@ def format_report(result: dict) -> str:
     if result["best"] is None:
         lines.append("nothing was measured with the model within the budget (raise "
                      "--budget-seconds); train's own pick, unmeasured:")
+    if result.get("eager_note"):
+        lines.append(f"note: {result['eager_note']}")
     lines.append(f"recommended: {result['command']}")
     return "\n".join(lines)
