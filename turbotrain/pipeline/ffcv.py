@@ -44,6 +44,7 @@ import functools
 import logging
 import threading
 import time
+import types
 from contextlib import contextmanager
 from queue import Empty, Full, Queue
 
@@ -173,10 +174,24 @@ class _Stopped(Exception):
 
 
 @functools.cache
-def _watched_iterator_class():
-    from ffcv.loader.epoch_iterator import IS_CUDA, EpochIterator
+def _host_only(base):
+    """FFCV's EpochIterator with its `IS_CUDA` read as False. FFCV sets that flag once per
+    process (torch.cuda.is_available()), so on a GPU host a CPU-device pipeline made a CUDA
+    stream per batch slot and an event per batch (a context on GPU 0, ~500 MB there) for
+    batches that never leave the host. Its methods are rebound to its module's globals with
+    the flag off; nothing of FFCV is changed for a CUDA pipeline beside it."""
+    methods = {}
+    for name in ("__init__", "run", "run_pipeline", "__next__"):
+        f = base.__dict__[name]
+        methods[name] = types.FunctionType(f.__code__, {**f.__globals__, "IS_CUDA": False},
+                                           f.__name__, f.__defaults__, f.__closure__)
+    return type(f"{base.__name__}OnHost", (base,), methods)
 
-    class WatchedEpochIterator(EpochIterator):
+
+def _watched_iterator_class(cuda: bool):
+    from ffcv.loader.epoch_iterator import EpochIterator
+
+    class WatchedEpochIterator(EpochIterator if cuda else _host_only(EpochIterator)):
         """FFCV's epoch iterator with shared boxes, decode checks and failures forwarded."""
 
         def __init__(self, loader, order, *, owner: "FfcvPipeline", epoch: int):
@@ -241,7 +256,7 @@ def _watched_iterator_class():
                 raise PipelineError(f"ffcv: {type(item.error).__name__} in its loader thread: "
                                     f"{first.strip()}") from item.error
             slot, result = item
-            if IS_CUDA:
+            if cuda:
                 self.current_stream.wait_stream(self.cuda_streams[slot])
             return result
 
@@ -277,7 +292,7 @@ class FfcvPipeline(OrderedPipeline):
                                                   train=options.train)
         self._heights = np.asarray(dataset.heights, dtype=np.int64)
         self._widths = np.asarray(dataset.widths, dtype=np.int64)
-        self._iterator_class = _watched_iterator_class()
+        self._iterator_class = _watched_iterator_class(self.device.type == "cuda")
         self.decoder = shared_box_decoder_class()(options.image_size, self.family)
         with _keep_torch_threads():
             self.loader = _within(BUILD_TIMEOUT_S, self._make_loader)
