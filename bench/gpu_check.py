@@ -14,7 +14,8 @@ where the wheels are. It says plainly which engines are missing and measures wha
 
 * checks: `dali` with ``device="mixed"`` (nvJPEG, and the hardware decoder where present) and
   `ffcv` with ToDevice, `resident` on CUDA: same labels as the CPU path, images within a few
-  grey levels;
+  grey levels; and bench/gpu_device_checks.py's (a CPU run's bf16 flag, DALI's pixels exact,
+  no hidden sync in a step of each pipeline, compile after DDP);
 * the pipeline table: a ResNet-50 training step at 224 px (bf16 autocast, channels_last,
   torch.compile, fused SGD) fed by each pipeline, against the same step on a synthetic uint8
   batch already on the GPU (the upper bound: no loader at all). The goal is every pipeline
@@ -45,6 +46,7 @@ sys.path.insert(0, str(ROOT))  # gpu_all, gpu_sources (runpy.run_path does not a
 
 import common  # noqa: E402
 import gpu_all  # noqa: E402
+from gpu_device_checks import device_checks  # noqa: E402
 from gpu_sources import install_simplejpeg_stand_in, sources  # noqa: E402
 
 ENGINES = {"dali": "nvidia.dali", "ffcv": "ffcv", "simplejpeg": "simplejpeg",
@@ -361,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         report.notes.append("pytorch/resident decode with a cv2 stand-in for simplejpeg")
     where = torch.cuda.get_device_name() if settings.device == "cuda" else "cpu (smoke)"
     report.say(f"torch {torch.__version__} on {where}; {settings}")
+    device_checks(report, report.engines, cuda=settings.device == "cuda")
     if args.all and args.tests_timeout > 0:
         timeout = min(args.tests_timeout, max(10.0, report.left() - 120))
         report.extra["tests"] = gpu_all.run_cuda_tests(report, timeout=timeout,
