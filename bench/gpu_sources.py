@@ -51,7 +51,7 @@ def install_simplejpeg_stand_in() -> None:
 
 class TorchvisionDecode:
     """GPU decode without DALI: torchvision.io's batched nvJPEG decode, then the shared crop
-    boxes cut, resized and flipped for the whole batch at once: one grid_sample per distinct
+    boxes cut, resized and flipped for the whole batch at once: one ResizedCrops per distinct
     image size, the same resampler as `resident` on CUDA (batched_crops.ResizedCrops). Same
     order and boxes as every pipeline."""
     name = "plain_torchvision_nvjpeg"

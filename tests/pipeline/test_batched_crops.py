@@ -1,5 +1,5 @@
 """The device kernels of `resident`, checked on the CPU against plain numpy/cv2 references.
-(The CUDA path runs `_grid_sample`; comparing it with the cv2 path here checks its maths.)"""
+(The CUDA path runs `_on_device`; comparing it with the cv2 path here checks its maths.)"""
 from __future__ import annotations
 
 import numpy as np
