@@ -115,7 +115,8 @@ class Sweep:
         self.deadline = self.started + self.budget  # the whole command's (module docstring)
         self.dataset = open_split(args.data, "train")
         self.facts = DatasetFacts.of(self.dataset)
-        self.machine = machine or detect_machine(dist_env_from_environ())
+        self.machine = machine or detect_machine(dist_env_from_environ(),
+                                                 gpus=args.device != "cpu")
         # --global-batch-size is batch_plan's: a sweep for speed plans without it (train
         # would also refuse one larger than the split; tune still says how to reach it).
         self.config = TrainConfig(data=str(args.data), model=args.model,
