@@ -15,8 +15,8 @@ from turbotrain.train.config.config import TrainConfig
 from turbotrain.train.engine.batch_finder import BatchFit
 from turbotrain.train.errors import TrainError
 from turbotrain.train.step.distributed import dist_env_from_environ
-from turbotrain.train.plan import (PRESETS, DatasetFacts, Machine, Observed, OpenedPipeline,
-                                   WeightsFacts, detect_machine, plan)
+from turbotrain.train.plan import (PRESETS, DatasetFacts, Observed, OpenedPipeline, WeightsFacts,
+                                   detect_machine, plan)
 
 pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
 

@@ -36,7 +36,7 @@ def pick_device(requested: str, gpus: tuple[GpuInfo, ...], local_rank: int = 0) 
 
 
 def pick_precision(requested: str, device_type: str, gpu: GpuInfo | None, cpu_bf16: bool
-              ) -> Decision:
+                   ) -> Decision:
     if requested != "auto":
         if requested == "bf16" and device_type == "cuda" and gpu is not None and not gpu.bf16:
             raise TrainError("--precision bf16: this GPU has no bf16 support; use fp16 or auto")

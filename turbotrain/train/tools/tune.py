@@ -44,8 +44,7 @@ from ..engine import batch_finder as bf
 from ..engine.data import open_split
 from ..errors import TrainError
 from ..models.models import build_model
-from ..plan import (DatasetFacts, Machine, Observed, OpenedPipeline, detect_machine, plan,
-                    rules)
+from ..plan import DatasetFacts, Observed, OpenedPipeline, detect_machine, plan, rules
 from ..records.profiling import StepClock
 from ..step.device import apply_torch_threads
 from ..step.distributed import dist_env_from_environ
