@@ -48,7 +48,7 @@ def test_device_path_matches_the_cpu_paths_pixels(seed):
 
 
 def test_work_memory_is_fixed_and_reserved_by_the_plan():
-    """At 224 px from a 256 px store: ~170 MB, where gathering the batch's full squares in
+    """At 224 px from a 256 px store: ~120 MB, where gathering the batch's full squares in
     float32 took ~400 MB at batch 512. The plan leaves it free beside the store on CUDA."""
     work = ResizedCrops.work_bytes(256, 224)
     assert 100e6 < work < 250e6

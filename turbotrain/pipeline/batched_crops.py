@@ -72,7 +72,7 @@ class ShiftedCrops:
 
 
 # Samples resized together on a device (ResizedCrops._on_device): bounds its float work to
-# ~170 MB at 224 px from a 256 px store, whatever the batch, for a handful of launches more.
+# ~120 MB at 224 px from a 256 px store, whatever the batch, for a handful of launches more.
 DEVICE_CHUNK = 64
 
 
@@ -184,19 +184,21 @@ class ResizedCrops:
         out = None  # (B, S, S, 3)
         for t in range(taps):
             cols = (first_x + t).clamp_(0, side - 1)
-            # mid[b, :, cols[b, q]] -> (B, S_q, S_y, 3); as (B, S_y, S_q, 3) by a view
-            term = mid[batch, :, cols].permute(0, 2, 1, 3).mul(weight_x[:, None, :, t, None])
+            # mid[b, :, cols[b, q]] -> (B, S_q, S_y, 3), weighted in place; (B, S_y, S_q, 3)
+            # by a view
+            term = mid[batch, :, cols].mul_(weight_x[:, :, t, None, None]).permute(0, 2, 1, 3)
             out = term if out is None else out.add_(term)
         return out.round_().clamp_(0, 255).to(torch.uint8)
 
     @staticmethod
     def work_bytes(side: int, size: int) -> int:
         """Device memory _on_device works in beside its output, for a store of `side` px
-        resized to `size`: per DEVICE_CHUNK samples, the row pass's float result and one tap
-        (with its uint8 gather), the column pass's float result and one tap."""
+        resized to `size`, per DEVICE_CHUNK samples at its peak: the row pass's float result,
+        one float tap and its uint8 gather; then that result beside the column pass's float
+        result and one float tap (the larger of the two passes, as a bound)."""
         rows = size * side * 3 * (4 + 4 + 1)
-        cols = size * size * 3 * (4 + 4)
-        return DEVICE_CHUNK * (rows + cols)
+        cols = size * side * 3 * 4 + size * size * 3 * (4 + 4)
+        return DEVICE_CHUNK * max(rows, cols)
 
     def _cpu(self, indices: np.ndarray, boxes: np.ndarray) -> torch.Tensor:
         cv2, s = self._cv2, self.size
