@@ -68,7 +68,8 @@ class ShiftedCrops:
 
 
 class ResizedCrops:
-    """Resizes one box per sample of a resident store to S x S (see the module docstring)."""
+    """Resizes one box per sample of a resident store to S x S (see the module docstring);
+    S is `size` unless a call names another (an epoch's size under progressive resizing)."""
 
     def __init__(self, store: torch.Tensor, size: int, threads: int):
         self.store = store
@@ -85,17 +86,19 @@ class ResizedCrops:
                 self._release_cv2 = ONE_CV2_THREAD.hold()  # parallel over samples instead
                 self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="turbotrain-crop")
 
-    def __call__(self, indices: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    def __call__(self, indices: torch.Tensor, boxes: torch.Tensor,
+                 size: int | None = None) -> torch.Tensor:
         """`boxes`: int64 (B, 5) rows of (top, left, height, width, flip) in stored pixels."""
+        s = self.size if size is None else size
         if self.native is not None:
-            return self._native(indices.numpy(), boxes.numpy())
+            return self._native(indices.numpy(), boxes.numpy(), s)
         if self.pool is not None:
-            return self._cpu(indices.numpy(), boxes.numpy())
-        return self._grid_sample(indices, boxes)
+            return self._cpu(indices.numpy(), boxes.numpy(), s)
+        return self._grid_sample(indices, boxes, s)
 
-    def _native(self, indices: np.ndarray, boxes: np.ndarray) -> torch.Tensor:
+    def _native(self, indices: np.ndarray, boxes: np.ndarray, s: int) -> torch.Tensor:
         """The store's images as the kernel's raw samples: one call for the batch."""
-        s, side = self.size, self._store_np.shape[1]
+        side = self._store_np.shape[1]
         per_image = side * side * 3
         table = kernel.sample_table(
             data=self._store_np.ctypes.data + indices.astype(np.int64) * per_image,
@@ -108,7 +111,7 @@ class ResizedCrops:
             raise PipelineError(f"resident: crop {position} of a batch failed ({reason})")
         return out
 
-    def _grid_sample(self, indices: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    def _grid_sample(self, indices: torch.Tensor, boxes: torch.Tensor, s: int) -> torch.Tensor:
         batch = self.store[indices].permute(0, 3, 1, 2).float()   # (B, 3, H, W) channels_last
         height, width = batch.shape[2], batch.shape[3]
         top, left, box_h, box_w, flip = boxes.to(torch.float32).unbind(1)
@@ -120,14 +123,14 @@ class ResizedCrops:
         theta[:, 0, 2] = (2 * left + box_w) / width - 1
         theta[:, 1, 1] = box_h / height
         theta[:, 1, 2] = (2 * top + box_h) / height - 1
-        grid = F.affine_grid(theta, [len(boxes), 3, self.size, self.size], align_corners=False)
+        grid = F.affine_grid(theta, [len(boxes), 3, s, s], align_corners=False)
         out = F.grid_sample(batch, grid, mode="bilinear", padding_mode="border",
                             align_corners=False)
         out = out.round_().clamp_(0, 255).to(torch.uint8)
         return out.permute(0, 2, 3, 1).contiguous()                # NHWC bytes
 
-    def _cpu(self, indices: np.ndarray, boxes: np.ndarray) -> torch.Tensor:
-        cv2, s = self._cv2, self.size
+    def _cpu(self, indices: np.ndarray, boxes: np.ndarray, s: int) -> torch.Tensor:
+        cv2 = self._cv2
         out = torch.empty((len(indices), s, s, 3), dtype=torch.uint8)
         out_np = out.numpy()
 
