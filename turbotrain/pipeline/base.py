@@ -118,6 +118,9 @@ class Pipeline(abc.ABC):
         """The size S of the current epoch's batches (options.size_at)."""
         return self.options.size_at(self.epoch)
 
+    def size_at(self, epoch: int) -> int:
+        return self.options.size_at(epoch)
+
     def state_dict(self) -> dict:
         return {"pipeline": self.name, "epoch": self.epoch, "batch_index": self.batch_index}
 

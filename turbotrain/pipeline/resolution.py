@@ -69,7 +69,7 @@ class ResolutionSchedule:
         """The size of each of epochs 0 .. epochs - 1."""
         return [self.size(e) for e in range(epochs)]
 
-    def describe(self) -> str:
+    def __str__(self) -> str:  # how a run's decisions and `info` show it
         return (f"{self.min_res} -> {self.max_res} px between epochs {self.start_ramp:g} and "
                 f"{self.end_ramp:g}, in steps of {self.step} px")
 

@@ -30,6 +30,7 @@ from turbotrain.pipeline import (PipelineError, PipelineOptions, PipelineUnavail
 from ..config.config import AUTO, TrainConfig
 from ..models.models import InputStem
 from ..plan import DatasetFacts, Decision, Machine, Observed, OpenedPipeline, Plan, plan_loader
+from ..plan.resolution import schedule_of
 from ..step.distributed import DistEnv, dist_env_from_environ
 
 NORMALIZED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -78,7 +79,7 @@ def pipeline_options(planned: Plan, env: DistEnv, *, train: bool = True,
                            rank=env.rank, world_size=env.world_size,
                            workers=planned.budget.workers, worker_mode=c.worker_mode,
                            scale=c.scale, ratio=c.ratio, order=c.order,
-                           order_window=c.order_window)
+                           order_window=c.order_window, resolution=schedule_of(c))
 
 
 class Loader:
@@ -196,6 +197,11 @@ class Loader:
         if epoch != self.pipeline.epoch:
             self._handed = 0
         self.pipeline.set_epoch(epoch)
+
+    def size_at(self, epoch: int) -> int:
+        """The side in px of `epoch`'s batches: the image size, or under progressive
+        resizing (train --min-res, --res-ramp) the schedule's for that epoch."""
+        return self.pipeline.size_at(epoch)
 
     def state_dict(self) -> dict:
         """The position: the epoch and the batches of it handed out so far."""
