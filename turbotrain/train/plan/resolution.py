@@ -66,8 +66,8 @@ def progressive(asked: bool | None, *, image_size: int, epochs: int, small_image
             return Decision(OFF, why_not)
     schedule = default_schedule(image_size, epochs, min_res=min_res, res_ramp=res_ramp)
     if schedule.min_res == schedule.max_res:
-        return Decision(OFF, f"--min-res {schedule.min_res} is the final size: one size",
-                        shown=given)
+        return Decision(OFF, f"the first size, {schedule.min_res} px, is the final size: "
+                        "nothing to ramp", shown=given)
     reason = ("asked for" if given else
               f"a conv net at {image_size} px (>= {PHOTO_MIN_SIZE}) for {epochs} epochs "
               f"(>= {MIN_EPOCHS}): the early epochs train at {MIN_RES_FRACTION:g}x the size "
