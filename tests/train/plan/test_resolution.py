@@ -25,8 +25,8 @@ def ffcv_get_resolution(epoch, min_res, max_res, end_ramp, start_ramp):
     return int(np.round(interp[0] / 32)) * 32
 
 
-# FFCV's rn50 configs: 160 -> 192 px; 16 epochs: ramp 11-13, 88 epochs: ramp 65-76 (rn18: 16
-# epochs 11-13, 88 epochs 65-76 as well); and a wider ramp where rounding shows.
+# FFCV's rn50 configs (ffcv-imagenet rn50_configs/): 160 -> 192 px; 16 epochs: ramp 11-13,
+# 88 epochs: ramp 65-76; and a wider ramp where the rounding shows.
 @pytest.mark.parametrize("min_res, max_res, start, end, epochs", [
     (160, 192, 11, 13, 16), (160, 192, 65, 76, 88), (160, 256, 10, 30, 40)])
 def test_the_schedule_is_ffcvs(min_res, max_res, start, end, epochs):
