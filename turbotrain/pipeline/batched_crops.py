@@ -111,7 +111,9 @@ class ResizedCrops:
             raise PipelineError(f"resident: crop {position} of a batch failed ({reason})")
         return out
 
-    def _grid_sample(self, indices: torch.Tensor, boxes: torch.Tensor, s: int) -> torch.Tensor:
+    def _grid_sample(self, indices: torch.Tensor, boxes: torch.Tensor,
+                     s: int | None = None) -> torch.Tensor:
+        s = self.size if s is None else s
         batch = self.store[indices].permute(0, 3, 1, 2).float()   # (B, 3, H, W) channels_last
         height, width = batch.shape[2], batch.shape[3]
         top, left, box_h, box_w, flip = boxes.to(torch.float32).unbind(1)
