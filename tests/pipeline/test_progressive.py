@@ -105,3 +105,32 @@ def test_a_schedule_must_end_at_the_image_size():
 def _equal(a: list, b: list) -> bool:
     return len(a) == len(b) and all(torch.equal(x_img, y_img) and torch.equal(x_lab, y_lab)
                                     for (x_img, x_lab), (y_img, y_lab) in zip(a, b))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", NAMES)
+def test_two_sizes_on_cuda(name, photo_path):
+    """On the GPU (resident and dali resize there): each epoch's size, on the device, with the
+    CPU path's labels and its pixels within a few grey levels (test_contract's tolerance)."""
+    from turbotrain.pipeline import PipelineUnavailable, build_pipeline
+    dataset = open_dataset(photo_path)
+    batches = {}
+    for device in ("cuda", "cpu"):
+        try:
+            pipeline = build_pipeline(name, dataset, device=torch.device(device),
+                                      **options(resolution=SCHEDULE))
+        except PipelineUnavailable as e:  # with a GPU, only a missing engine (FFCV, DALI)
+            pytest.skip(f"{name} cannot run here: {e}")
+        with pipeline:
+            batches[device] = []
+            for epoch in (0, 2):
+                pipeline.set_epoch(epoch)
+                for images, labels in pipeline:
+                    assert images.device.type == labels.device.type == device
+                    assert images.shape[1:] == (3, SCHEDULE.size(epoch), SCHEDULE.size(epoch))
+                    batches[device].append((images.cpu().float(), labels.cpu()))
+    assert len(batches["cuda"]) == len(batches["cpu"]) > 0
+    for (gpu_images, gpu_labels), (cpu_images, cpu_labels) in zip(batches["cuda"],
+                                                                   batches["cpu"]):
+        assert torch.equal(gpu_labels, cpu_labels)
+        assert (gpu_images - cpu_images).abs().mean() < 6
