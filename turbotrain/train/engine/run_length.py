@@ -51,6 +51,7 @@ class RunLength:
         self.warmup_steps = warmup_steps  # the process's untimed first steps
         self._last: tuple[float, float] | None = None  # (clock, eval_seconds) at the last step
         self._intervals: list[float] = []  # seconds between consecutive timed steps
+        self._costs: list[float] = []  # ... and each one's step_cost (1.0 at one size)
         self._checks = frozenset(measure_checks())
         self._mark: _Mark | None = None
         self._eval_s = 0.0  # the evaluation's predicted seconds, until one is measured
@@ -86,7 +87,8 @@ class RunLength:
         now = time.perf_counter()
         if self._last is not None and c.eval_seconds == self._last[1]:
             # An interval that held an evaluation (and the epoch's checkpoint) is no step's time.
-            self._intervals.append((now - self._last[0]) / self._cost(c.epoch))
+            self._intervals.append(now - self._last[0])
+            self._costs.append(self._cost(c.epoch))
         self._last = (now, c.eval_seconds)
         timed = len(self._intervals)
         last_step = timed > 0 and self.run.total_steps - c.step <= 1
@@ -94,7 +96,9 @@ class RunLength:
             return None
         env, device = self.run.env, self.run.device
         timed_seconds = max_over_ranks(sum(self._intervals), env, device)
-        step_s = max_over_ranks(typical_step_seconds(self._intervals), env, device)
+        # In final-size steps: each timed step divided by its epoch's pixel share.
+        final_size = [t / cost for t, cost in zip(self._intervals, self._costs)]
+        step_s = max_over_ranks(typical_step_seconds(final_size), env, device)
         if not (last_step or measured_enough(timed_seconds, timed, self.budget)):
             self._provisional(c, step_s, elapsed())
             return None
