@@ -43,8 +43,8 @@ from .rules import BatchSearch, Decision
 
 # The order decisions are printed in at the start of a run.
 ORDER = ("device", "resume", "host_memory", "evaluation", "image_size", "model", "model_kwargs",
-         "progressive", "batch_size", "accum_steps", "lr", "weight_decay", "worker_mode", "precision",
-         "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
+         "progressive", "batch_size", "accum_steps", "lr", "weight_decay", "worker_mode",
+         "precision", "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
          "warmup_steps", "warmup")
 _NOT_LISTED = object()
 
