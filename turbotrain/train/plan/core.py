@@ -160,6 +160,8 @@ def plan_loader(config: TrainConfig, facts: DatasetFacts, machine: Machine,
     if size is None:
         size = _decide(d, "image_size", rules.image_size(facts.largest_side, facts.train_count,
                                                          device.type))
+    if config.progressive and config.min_res is not None and config.min_res > size:
+        raise TrainError(f"min_res {config.min_res} is above the image size {size}")
     config = config.replace(device=device.type, image_size=size)
     need, room = _resident_room(config, facts, machine, device)
     pipeline = _pipeline(d, config, machine, observed, need, room)
