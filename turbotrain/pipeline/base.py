@@ -8,7 +8,9 @@ A pipeline turns one prepared split into batches for one rank:
   uint8 until the model's input stem normalises them on the device: shipping uint8 moves 4x fewer
   bytes over the bus than float32.
 * ``len(pipeline)`` is the number of batches this rank yields per epoch.
-* ``set_epoch(e)`` selects the epoch (order and augmentation depend on (seed, epoch)).
+* ``set_epoch(e)`` selects the epoch (order and augmentation depend on (seed, epoch)), and with
+  a resolution schedule (``options.resolution``, training only) the batches' size S: every
+  pipeline resizes the same crop boxes to ``size_at(epoch)`` (resolution.py).
 * ``state_dict()`` / ``load_state_dict()`` save and restore the position inside an epoch, so a
   resumed run sees exactly the batches it would have seen.
 """
@@ -22,6 +24,7 @@ import torch
 
 from . import augment
 from .order import ORDERS
+from .resolution import ResolutionSchedule
 
 
 class PipelineError(RuntimeError):
@@ -60,10 +63,16 @@ class PipelineOptions:
     # larger than memory or the remote cache). Evaluation is sequential either way.
     order: str = "random"
     order_window: int = 4
+    # Progressive resizing (resolution.py; training only): each epoch's batches are
+    # `resolution.size(epoch)` px, ending at `image_size` (its max_res). None: always image_size.
+    resolution: ResolutionSchedule | None = None
 
     def __post_init__(self):
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)} (got {self.order!r})")
+        if self.resolution is not None and self.resolution.max_res != self.image_size:
+            raise ValueError(f"the resolution schedule ends at {self.resolution.max_res} px, "
+                             f"the image size is {self.image_size}: they must be the same")
         if self.order_window < 1:
             raise ValueError(f"order_window must be >= 1 (got {self.order_window})")
         object.__setattr__(self, "scale", tuple(float(v) for v in self.scale))
@@ -73,6 +82,13 @@ class PipelineOptions:
     @property
     def drops_last(self) -> bool:
         return self.train if self.drop_last is None else self.drop_last
+
+    def size_at(self, epoch: int) -> int:
+        """The batches' size S in `epoch`: the schedule's when training with one, else
+        image_size (evaluation is always at image_size)."""
+        if self.resolution is None or not self.train:
+            return self.image_size
+        return self.resolution.size(epoch)
 
 
 class Pipeline(abc.ABC):
@@ -96,6 +112,14 @@ class Pipeline(abc.ABC):
         if epoch != self.epoch:
             self.batch_index = 0
         self.epoch = epoch
+
+    @property
+    def image_size(self) -> int:
+        """The size S of the current epoch's batches (options.size_at)."""
+        return self.options.size_at(self.epoch)
+
+    def size_at(self, epoch: int) -> int:
+        return self.options.size_at(epoch)
 
     def state_dict(self) -> dict:
         return {"pipeline": self.name, "epoch": self.epoch, "batch_index": self.batch_index}

@@ -109,7 +109,8 @@ def _axis_weights(start: torch.Tensor, length: torch.Tensor, out: int, taps: int
 
 
 class ResizedCrops:
-    """Resizes one box per sample of a resident store to S x S (see the module docstring)."""
+    """Resizes one box per sample of a resident store to S x S (see the module docstring);
+    S is `size` unless a call names another (an epoch's size under progressive resizing)."""
 
     def __init__(self, store: torch.Tensor, size: int, threads: int):
         self.store = store
@@ -126,17 +127,19 @@ class ResizedCrops:
                 self._release_cv2 = ONE_CV2_THREAD.hold()  # parallel over samples instead
                 self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="turbotrain-crop")
 
-    def __call__(self, indices: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    def __call__(self, indices: torch.Tensor, boxes: torch.Tensor,
+                 size: int | None = None) -> torch.Tensor:
         """`boxes`: int64 (B, 5) rows of (top, left, height, width, flip) in stored pixels."""
+        s = self.size if size is None else size
         if self.native is not None:
-            return self._native(indices.numpy(), boxes.numpy())
+            return self._native(indices.numpy(), boxes.numpy(), s)
         if self.pool is not None:
-            return self._cpu(indices.numpy(), boxes.numpy())
-        return self._on_device(indices, boxes)
+            return self._cpu(indices.numpy(), boxes.numpy(), s)
+        return self._on_device(indices, boxes, s)
 
-    def _native(self, indices: np.ndarray, boxes: np.ndarray) -> torch.Tensor:
+    def _native(self, indices: np.ndarray, boxes: np.ndarray, s: int) -> torch.Tensor:
         """The store's images as the kernel's raw samples: one call for the batch."""
-        s, side = self.size, self._store_np.shape[1]
+        side = self._store_np.shape[1]
         per_image = side * side * 3
         table = kernel.sample_table(
             data=self._store_np.ctypes.data + indices.astype(np.int64) * per_image,
@@ -149,22 +152,21 @@ class ResizedCrops:
             raise PipelineError(f"resident: crop {position} of a batch failed ({reason})")
         return out
 
-    def _on_device(self, indices: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    def _on_device(self, indices: torch.Tensor, boxes: torch.Tensor, s: int) -> torch.Tensor:
         """The CPU kernel's resize (resample.c: cv2's INTER_LINEAR, INTER_AREA from a 2x
         shrink, each clamped to its box) as float gathers on the store's device, DEVICE_CHUNK
         samples at a time, so its work memory is a constant (work_bytes) the batch search
         reserves, whatever the batch. Only the box's rows are gathered (the full-square float
         copy grid_sample needed took ~400 MB a batch at 512). Every pixel within 1 grey level
         of the kernel's, which rounds its fixed-point weights (test_batched_crops.py)."""
-        s = self.size
         out = torch.empty((len(indices), s, s, 3), dtype=torch.uint8, device=self.store.device)
         for start in range(0, len(indices), DEVICE_CHUNK):
             part = slice(start, start + DEVICE_CHUNK)
-            out[part] = self._resize_chunk(indices[part], boxes[part])
+            out[part] = self._resize_chunk(indices[part], boxes[part], s)
         return out
 
-    def _resize_chunk(self, indices: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-        store, s = self.store, self.size
+    def _resize_chunk(self, indices: torch.Tensor, boxes: torch.Tensor, s: int) -> torch.Tensor:
+        store = self.store
         side = store.shape[1]
         taps = _taps(side, s)
         top, left, box_h, box_w, flip = boxes.unbind(1)
@@ -200,8 +202,9 @@ class ResizedCrops:
         cols = size * side * 3 * 4 + size * size * 3 * (4 + 4)
         return DEVICE_CHUNK * max(rows, cols)
 
-    def _cpu(self, indices: np.ndarray, boxes: np.ndarray) -> torch.Tensor:
-        cv2, s = self._cv2, self.size
+
+    def _cpu(self, indices: np.ndarray, boxes: np.ndarray, s: int) -> torch.Tensor:
+        cv2 = self._cv2
         out = torch.empty((len(indices), s, s, 3), dtype=torch.uint8)
         out_np = out.numpy()
 

@@ -51,8 +51,11 @@ class SampleDecodeError(PipelineError):
 class BatchDecoder:
     """Turns sample indices into a uint8 (B, S, S, 3) batch for one split and one augmentation.
 
-    Thread-safe: each calling thread gets its own native decoder handle (or Python scratch
-    buffers) on first use.
+    S is the output's own size: `image_size` normally, an epoch's smaller size under
+    progressive resizing (photo-sized images only; the crop boxes do not depend on S, and the
+    kernel picks each sample's DCT scale from S, so a 160 px epoch decodes at 1/2 scale boxes
+    that a 224 px one decodes whole). Thread-safe: each calling thread gets its own native
+    decoder handle (or Python scratch buffers) on first use.
     """
 
     def __init__(self, dataset, *, image_size: int, train: bool, seed: int,
@@ -112,7 +115,7 @@ class BatchDecoder:
         if worker is None:
             worker = self._local.worker = kernel.NATIVE.Worker()
         table, keep = self.sample_table(indices, epoch)
-        failures = worker.run(table, self.image_size, self.small, out)
+        failures = worker.run(table, self.size_of(out), self.small, out)
         del keep  # the memory the table points into lived until the call returned
         return failures
 
@@ -122,8 +125,18 @@ class BatchDecoder:
         batch's, when the caller drew them already (DecodeAhead, for many batches at once)."""
         indices = np.asarray(indices, dtype=np.int64)
         table, keep = self.sample_table(indices, epoch, boxes)
-        return PendingBatch(self, indices, pool.submit(table, self.image_size, self.small, out,
+        return PendingBatch(self, indices, pool.submit(table, self.size_of(out), self.small, out,
                                                        (keep, out)))
+
+    def size_of(self, out: np.ndarray) -> int:
+        """The output size S of a (B, S, S, 3) batch; small images only at `image_size` (their
+        pad-crop boxes are in its pixels)."""
+        size = int(out.shape[1])
+        if out.ndim != 4 or out.shape[2] != size or out.shape[3] != 3:
+            raise ValueError(f"a batch is (B, S, S, 3) uint8, not {tuple(out.shape)}")
+        if self.small and size != self.image_size:
+            raise ValueError(f"small images decode at {self.image_size} px only (got {size})")
+        return size
 
     def sample_table(self, indices: np.ndarray, epoch: int,
                      boxes: augment.CropBoxes | None = None) -> tuple[np.ndarray, object]:
@@ -147,6 +160,7 @@ class BatchDecoder:
     def _decode_python(self, indices: np.ndarray, epoch: int,
                        out: np.ndarray) -> list[tuple[int, str]]:
         boxes = self.boxes(indices, epoch)
+        self.size_of(out)
         failures = []
         for k, i in enumerate(indices.tolist()):
             try:

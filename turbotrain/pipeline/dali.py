@@ -18,7 +18,11 @@ The graph itself is in dali_graph.py. What this module adds around it:
   channels_last, the contract's layout.
 * Passes: a pass that ends normally leaves the DALI pipeline reusable (``reset()`` restarts
   the feed, ~0 ms); one the caller abandons, or one that failed, has batches in flight, so the
-  next pass builds a fresh pipeline (~10 ms on the CPU).
+  next pass builds a fresh pipeline (~10 ms on the CPU). So does an epoch of another size under
+  progressive resizing (``options.resolution``): the graph's resize to S is fixed when built,
+  and a schedule has a handful of sizes, so a rebuild at each change costs less than feeding a
+  per-sample size to every batch. The resize runs where the decode does: on the GPU with
+  ``device="mixed"``.
 * Errors: DALI reports a corrupt JPEG as "sample #k" of whatever batch it was working on and
   then refuses to run again. We re-check the samples of the batches in flight with the
   dataset's strict CPU decoder and raise one `SampleDecodeError` naming the file and the
@@ -26,6 +30,7 @@ The graph itself is in dali_graph.py. What this module adds around it:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import deque
 
@@ -228,6 +233,10 @@ class DaliPipeline(OrderedPipeline):
     # -- the passes -----------------------------------------------------------------------------
     def _pipe_for(self, epoch: int, batches: list[np.ndarray]):
         self._feed.start(epoch, batches)
+        size = self.options.size_at(epoch)
+        if size != self.spec.image_size:  # progressive resizing: a graph for this size
+            self.spec = dataclasses.replace(self.spec, image_size=size)
+            self._pipe, self._reusable = None, False
         if self._pipe is not None and self._reusable:
             self._pipe.reset()  # calls iter(feed): the pass just set
         else:

@@ -23,6 +23,10 @@ Where we depart from FFCV's defaults, and why:
   which is what FFCV's ``distributed=True`` would do, so we leave it False rather than slice
   twice), same drop_last, resume at batch k.
 * Augmentation: the shared boxes (see ffcv_decoder.py), not numba's unseeded RNG.
+* Progressive resizing: as FFCV's own ImageNet example does (``decoder.output_size = (res,
+  res)`` before each epoch's iterator), the epoch's size is set on the decoder before its
+  epoch iterator is made; each iterator allocates its buffers from the declared shapes again
+  and the compiled code reads the output size from them, so nothing is recompiled.
 * Hangs: an exception in FFCV's thread kills it silently and ``next()`` then waits forever on
   its queue. Our iterator subclass catches it in the thread and queues it; the consumer waits
   with a deadline (``batch_timeout_s``) and checks that the thread is alive, so every failure
@@ -349,6 +353,8 @@ class FfcvPipeline(OrderedPipeline):
             return
         self.close()  # a pass abandoned without closing its generator (not seen in CPython)
         order = np.concatenate(batches).astype(np.uint64)
+        size = self.options.size_at(epoch)
+        self.decoder.output_size = (size, size)  # read when the iterator allocates its buffers
         with _keep_torch_threads():
             iterator = self._iterator_class(self.loader, order, owner=self, epoch=epoch)
         self._iterator = iterator

@@ -20,7 +20,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .base import Pipeline, PipelineOptions
+from . import augment
+from .base import Pipeline, PipelineError, PipelineOptions
 from .order import order_for, shards_in_order
 
 
@@ -34,6 +35,11 @@ class OrderedPipeline(Pipeline):
         if options.batch_size < 1 or options.image_size < 1:
             raise ValueError(f"batch_size and image_size must be >= 1 "
                              f"(got {options.batch_size}, {options.image_size})")
+        if (options.train and options.resolution is not None
+                and augment.is_small(dataset.heights, dataset.widths)):
+            raise PipelineError(f"progressive resizing needs photo-sized images; {dataset.path} "
+                                "holds small ones (pad-cropped at their own size): train it "
+                                "at one size (--no-progressive)")
         self.order = order_for(dataset, options)
         self.device = torch.device(options.device)
 

@@ -66,9 +66,9 @@ class PythonSamples:
             scratch.padded = np.empty((s + 2 * p, s + 2 * p, 3), dtype=np.uint8)
         return scratch
 
-    def _source(self, scratch, i: int, box_h: int, box_w: int):
-        """Sample i as HWC uint8, possibly DCT-downscaled so the box stays >= the output; and
-        the (y, x) scale from stored to returned pixels."""
+    def _source(self, scratch, i: int, box_h: int, box_w: int, size: int):
+        """Sample i as HWC uint8, possibly DCT-downscaled so the box stays >= the output's
+        `size`; and the (y, x) scale from stored to returned pixels."""
         height, width = int(self.heights[i]), int(self.widths[i])
         if self.modes[i] == MODE_RAW:
             return self.dataset.raw_image(i), 1.0, 1.0
@@ -81,7 +81,7 @@ class PythonSamples:
         if declared != (height, width):
             raise ValueError(f"its JPEG header declares {declared[1]}x{declared[0]} pixels, the "
                              f"metadata {width}x{height}")
-        factor = dct_factor(box_h, box_w, self.image_size)
+        factor = dct_factor(box_h, box_w, size)
         image = simplejpeg.decode_jpeg(
             payload, colorspace="rgb",
             min_height=-(-height // factor), min_width=-(-width // factor),
@@ -92,7 +92,7 @@ class PythonSamples:
     def _cropped(self, scratch, i: int, box, out: np.ndarray) -> None:
         import cv2
         top, left, box_h, box_w, flip = box
-        image, sy, sx = self._source(scratch, i, box_h, box_w)
+        image, sy, sx = self._source(scratch, i, box_h, box_w, out.shape[0])
         y0, x0 = int(top * sy), int(left * sx)
         y1 = min(max(y0 + 1, round((top + box_h) * sy)), image.shape[0])
         x1 = min(max(x0 + 1, round((left + box_w) * sx)), image.shape[1])
@@ -104,7 +104,7 @@ class PythonSamples:
         """Small images: resize to S if needed, then reflect-pad and crop (box may be outside)."""
         import cv2
         top, left, box_h, box_w, flip = box
-        image, _, _ = self._source(scratch, i, 0, 0)
+        image, _, _ = self._source(scratch, i, 0, 0, self.image_size)
         s = self.image_size
         if image.shape[0] != s or image.shape[1] != s:
             image = resize_into(cv2, image, self._buffers(scratch).resized)

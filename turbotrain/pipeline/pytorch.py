@@ -44,10 +44,10 @@ PREFETCH_PER_WORKER = 2
 
 
 def _host_batch(decoder: BatchDecoder, labels: np.ndarray, epoch: int, indices: np.ndarray,
-                *, shared: bool = False, pinned: bool = False):
-    """Decodes one batch into a new uint8 (B, S, S, 3) tensor; returns (images, labels)."""
-    s = decoder.image_size
-    shape = (len(indices), s, s, 3)
+                size: int, *, shared: bool = False, pinned: bool = False):
+    """Decodes one batch into a new uint8 (B, S, S, 3) tensor of S = `size` (the epoch's);
+    returns (images, labels)."""
+    shape = (len(indices), size, size, 3)
     if shared:
         # What torch's default_collate does in a worker: allocate in shared memory up front so
         # sending the batch to the main process copies nothing.
@@ -64,16 +64,16 @@ class _ThreadBatches:
     the Python path's thread pool)."""
 
     def __init__(self, decoder: BatchDecoder, labels: np.ndarray, workers: int, pinned: bool):
-        self.labels, self.pinned, self.size = labels, pinned, decoder.image_size
+        self.labels, self.pinned = labels, pinned
         self.workers = max(1, workers)
         self.ahead = DecodeAhead(decoder, self.workers)
 
-    def _allocate(self, indices: np.ndarray) -> torch.Tensor:
-        s = self.size
-        return torch.empty((len(indices), s, s, 3), dtype=torch.uint8, pin_memory=self.pinned)
+    def run(self, epoch: int, size: int, batches: list[np.ndarray], upcoming=None) -> Iterator:
+        def allocate(indices: np.ndarray) -> torch.Tensor:
+            return torch.empty((len(indices), size, size, 3), dtype=torch.uint8,
+                               pin_memory=self.pinned)
 
-    def run(self, epoch: int, batches: list[np.ndarray], upcoming=None) -> Iterator:
-        for indices, images in self.ahead.run(epoch, batches, self._allocate, upcoming):
+        for indices, images in self.ahead.run(epoch, batches, allocate, upcoming):
             yield images, torch.from_numpy(self.labels[indices])
 
     def close(self) -> None:
@@ -81,7 +81,7 @@ class _ThreadBatches:
 
 
 class _BatchTasks(torch.utils.data.Dataset):
-    """Map-style dataset whose keys are whole batches: (epoch, indices) -> (images, labels).
+    """Map-style dataset whose keys are whole batches: (epoch, size, indices) -> (images, labels).
 
     A decode error is returned as a value rather than raised: the DataLoader would re-raise it
     wrapped in a multi-line "Caught ... in DataLoader worker" message; we raise the one line.
@@ -91,9 +91,9 @@ class _BatchTasks(torch.utils.data.Dataset):
         self.decoder, self.labels = decoder, labels
 
     def __getitem__(self, key):
-        epoch, indices = key
+        epoch, size, indices = key
         try:
-            return _host_batch(self.decoder, self.labels, epoch, indices, shared=True)
+            return _host_batch(self.decoder, self.labels, epoch, indices, size, shared=True)
         except PipelineError as e:
             return _Failure(str(e))
 
@@ -141,8 +141,8 @@ class _ProcessBatches:
             collate_fn=_no_collate,
             multiprocessing_context=_start_method(decoder.dataset) if workers > 0 else None)
 
-    def run(self, epoch: int, batches: list[np.ndarray], upcoming=None) -> Iterator:
-        self.keys.keys = [(epoch, indices) for indices in batches]
+    def run(self, epoch: int, size: int, batches: list[np.ndarray], upcoming=None) -> Iterator:
+        self.keys.keys = [(epoch, size, indices) for indices in batches]
         iterator = iter(self.loader)
         worker_death.watch(self)  # after iter: torch's SIGCHLD handler is set by then
         while True:
@@ -226,7 +226,8 @@ class PyTorchPipeline(OrderedPipeline):
     def _produce(self, epoch: int, batches: list[np.ndarray]):
         # The next epoch's batches, for DecodeAhead to draw their first boxes early: a training
         # loop's next epoch is usually epoch + 1 from its start (anything else is redrawn).
-        return to_device(self.source.run(epoch, batches, lambda: self.order.batches(epoch + 1)),
+        return to_device(self.source.run(epoch, self.options.size_at(epoch), batches,
+                                         lambda: self.order.batches(epoch + 1)),
                          self.device)
 
     def close(self) -> None:

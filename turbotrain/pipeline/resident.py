@@ -10,7 +10,8 @@ store on the target device:
 * photo-sized images: the centred ``min(h, w)`` square resized to ``round(image_size /
   crop_ratio)`` (256 for 224), the resolution evaluation crops from. Training's RandomResizedCrop
   boxes are then drawn on that square (the edges of non-square photos are not seen; that is the
-  price of one fixed-size tensor).
+  price of one fixed-size tensor). Under progressive resizing the store stays at the final
+  size and each epoch's boxes are resized to that epoch's size, on the device on CUDA.
 
 Each batch is then pure device work with no workers: the epoch's order and every crop box are
 computed once per epoch (numpy, see `order`/`augment`) and moved to the device in one copy;
@@ -184,7 +185,7 @@ class ResidentPipeline(OrderedPipeline):
         if not batches:
             return
         samples = np.concatenate(batches)
-        side = self.layout.side
+        side, size = self.layout.side, self.options.size_at(epoch)
         full = np.full(len(samples), side, dtype=np.int64)
         boxes = augment.crop_boxes(self.family, seed=self.options.seed, epoch=epoch,
                                    indices=samples, heights=full, widths=full,
@@ -206,7 +207,7 @@ class ResidentPipeline(OrderedPipeline):
                 flip = rows[:, 5].bool() if self.layout.mirrored else None
                 images = self.crops(index, rows[:, 1], rows[:, 2], flip)
             else:
-                images = self.crops(index, rows[:, 1:6])
+                images = self.crops(index, rows[:, 1:6], size)
             yield as_nchw(images), self.labels[index]
 
     def close(self) -> None:

@@ -167,6 +167,22 @@ class TrainConfig:
     ratio: tuple[float, float] = _setting((3 / 4, 4 / 3), "RandomResizedCrop aspect-ratio range "
                                           "LO HI (width / height, drawn log-uniform)", "augment",
                                           shown="3/4 4/3")
+    # -- progressive resizing (pipeline/resolution.py; the plan's rule: plan/resolution.py)
+    progressive: bool | None = _setting(None, "progressive resizing: the early epochs train "
+                                        "smaller, ramping up to --max-res (FFCV's schedule; "
+                                        "same crops, same batch size); auto: on for conv nets "
+                                        "at >= 128 px for >= 8 epochs, off for small images",
+                                        "resolution")
+    min_res: int | None = _setting(None, "progressive resizing's first training size in px; "
+                                   "auto: 3/4 of --max-res, rounded down to the step (16 px, "
+                                   "32 from 160 px on), at least 64", "resolution")
+    max_res: int | None = _setting(None, "the final training size in px, where the ramp ends; "
+                                   "the same as --image-size (give one of them)", "resolution",
+                                   shown="--image-size")
+    res_ramp: tuple[float, float] | None = _setting(None, "epochs START END of the ramp from "
+                                                    "--min-res (before START) to --max-res "
+                                                    "(from END on); auto: 40%% and 85%% of "
+                                                    "--epochs", "resolution")
     # -- device, precision and threads
     device: str = _setting(AUTO, "where to train", "runtime", choices=(AUTO, "cpu", "cuda"))
     precision: str = _setting(AUTO, "auto: bf16 autocast on CPUs with native bf16 and on CUDA "
@@ -226,6 +242,7 @@ class TrainConfig:
                     "batch_size": 1, "image_size": 8, "workers": 0, "threads": 1,
                     "max_steps": 1, "warmup_steps": 0, "seed": 0, "dist_timeout": 1,
                     "global_batch_size": 1, "order_window": 1}
+        at_least.update(min_res=8, max_res=8)
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is not None and value < low:
@@ -252,6 +269,7 @@ class TrainConfig:
         if self.lr is not None and self.lr <= 0:
             raise TrainError(f"--lr must be positive, not {self.lr}")
         self._validate_weights_settings()
+        self._validate_resolution_settings()
         if self.cache_limit is not None:
             try:
                 parse_size(self.cache_limit, "--cache-limit")
@@ -289,6 +307,25 @@ class TrainConfig:
             raise TrainError(f"--resume takes no value or 'auto', not {self.resume!r}")
         parse_model_kwargs(self.model_kwargs)
 
+    def _validate_resolution_settings(self) -> None:
+        """--max-res, --min-res, --res-ramp, --no-progressive."""
+        if (self.max_res is not None and self.image_size is not None
+                and self.max_res != self.image_size):
+            raise TrainError(f"--max-res {self.max_res} and --image-size {self.image_size} both "
+                             "set the final training size; give one")
+        if self.min_res is not None and self.max_res is not None and self.min_res > self.max_res:
+            raise TrainError(f"--min-res {self.min_res} is above --max-res {self.max_res}")
+        if self.res_ramp is not None:
+            start, end = self.res_ramp
+            if not (len(self.res_ramp) == 2 and math.isfinite(start) and math.isfinite(end)
+                    and 0 <= start <= end):
+                raise TrainError(f"--res-ramp needs epochs 0 <= START <= END, not "
+                                 f"{' '.join(map(str, self.res_ramp))}")
+        if self.progressive is False and (self.min_res is not None
+                                          or self.res_ramp is not None):
+            raise TrainError("--no-progressive turns off the schedule that --min-res / "
+                             "--res-ramp set; drop one")
+
     @property
     def from_weights(self) -> bool:
         """Whether the run starts from weights: --pretrained or --init-from."""
@@ -318,8 +355,14 @@ def _base_type(hint) -> tuple[type, bool]:
 
 
 def field_type(name: str) -> tuple[type, bool]:
-    """`_base_type` of the annotation of TrainConfig's field `name`."""
-    return _base_type(_HINTS[name])
+    """`_base_type` of the annotation of TrainConfig's field `name` (a pair that may be None,
+    like --res-ramp, is a nullable tuple)."""
+    kind, nullable = _base_type(_HINTS[name])
+    if typing.get_origin(kind) is tuple:
+        return tuple, nullable
+    return kind, nullable
+
+
 
 
 PAIRS = tuple(name for name in FIELDS if field_type(name)[0] is tuple)

@@ -84,7 +84,7 @@ def save_yaml(config: TrainConfig, path: str | os.PathLike) -> None:
 
 # What a run saved before a setting existed did instead: resuming it must not switch to what
 # `auto` would pick now (a split over half the RAM would go quasi-random mid-run).
-BEFORE_IT_EXISTED = {"order": "random"}
+BEFORE_IT_EXISTED = {"order": "random", "progressive": False}
 # Settings that are one value in two units: a layer that sets one drops the other from the
 # layers below it (a resumed run's saved warmup-steps under a --warmup-epochs flag).
 SAME_SETTING = (("warmup_steps", "warmup_epochs"),)

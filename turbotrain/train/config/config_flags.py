@@ -23,12 +23,15 @@ GROUPS = {
     "weights": "Starting from weights (fine-tuning)",
     "optim": "Optimisation",
     "augment": "Augmentation and regularisation (off or torchvision's ranges by default)",
+    "resolution": "Progressive resizing (the training size by epoch)",
     "runtime": "Device, precision and threads",
     "dist": "Several processes (under torchrun)",
     "run": "Run folder, checkpoints and logging",
 }
 # Flags whose value is not shown well by its type's name.
-METAVARS = {"time_budget": "DURATION", "target_accuracy": "A"}
+METAVARS = {"time_budget": "DURATION", "target_accuracy": "A", "min_res": "PX",
+            "max_res": "PX"}
+PAIR_METAVARS = {"res_ramp": ("START", "END")}
 
 
 # ---------------------------------------------------------------------------- values
@@ -132,7 +135,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, *, pipeline_choices=No
         elif kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif kind is tuple:
-            kwargs.update(nargs=2, type=float, metavar=("LO", "HI"))
+            kwargs.update(nargs=2, type=float, metavar=PAIR_METAVARS.get(name, ("LO", "HI")))
         else:
             choices = f.metadata["choices"]
             if name == "pipeline" and pipeline_choices is not None:

@@ -23,8 +23,10 @@ from ..config.config_files import save_yaml
 from ..errors import TrainError
 from ..models.models import Classifier, build_model, deterministic_global_pools
 from ..plan import DatasetFacts, Machine, Observed, Plan, detect_machine, plan
+from ..plan.resolution import schedule_of
 from ..records import checkpoint as ckpt
 from ..step import host_memory
+from ..step.compile_sizes import compile_for_sizes
 from ..step.cpu_conv_guard import guard_strided_convs
 from ..step.determinism import fix_cublas_workspace
 from ..step.device import ThreadPlan, apply_torch_threads, use_device
@@ -221,7 +223,9 @@ def _place_model(model: Classifier, planned: Plan, env: DistEnv, init_pipeline, 
         # buckets, so each bucket's all-reduce overlaps the rest of the backward. Compiled the
         # other way round, DDP sees one opaque backward and all-reduces after it. Not timed
         # here yet: bench/gpu_check.py --all checks the order on the GPU.
-        train_model = torch.compile(train_model, mode=planned.compile_mode)
+        schedule = schedule_of(config)  # progressive resizing: one static graph per size
+        sizes = set(schedule.sizes(config.epochs)) if schedule is not None else None
+        train_model = compile_for_sizes(train_model, mode=planned.compile_mode, sizes=sizes)
     # After DDP's broadcast of rank 0's weights: a data-dependent init (data_init) differs
     # across ranks, and every rank's EMA must start from the same weights.
     return train_model, ModelEMA(model, config.ema_decay) if config.ema else None

@@ -31,6 +31,7 @@ from ..config.config import AUTO, TrainConfig
 from ..models.models import InputStem
 from ..plan import (DatasetFacts, Decision, Machine, Observed, OpenedPipeline, Plan,
                     detect_machine, plan_loader)
+from ..plan.resolution import schedule_of
 from ..step.distributed import DistEnv, dist_env_from_environ
 
 NORMALIZED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -79,7 +80,7 @@ def pipeline_options(planned: Plan, env: DistEnv, *, train: bool = True,
                            rank=env.rank, world_size=env.world_size,
                            workers=planned.budget.workers, worker_mode=c.worker_mode,
                            scale=c.scale, ratio=c.ratio, order=c.order,
-                           order_window=c.order_window)
+                           order_window=c.order_window, resolution=schedule_of(c))
 
 
 class Loader:
@@ -89,8 +90,10 @@ class Loader:
     pipeline: "auto" (the plan's choice, with its reason in `decisions["pipeline"]`) or one of
     `turbotrain.pipeline.pipeline_names()`. train: shuffled, augmented, full batches (default:
     split == "train"); else in order, centre-cropped, the last batch kept. rank/world_size:
-    from the torch.distributed process group when there is one. The other arguments are the
-    `train` flags of the same names."""
+    from the torch.distributed process group when there is one. min_res, res_ramp: progressive
+    resizing (give both: the training batches of epochs before res_ramp[0] are min_res px,
+    ramping to image_size at res_ramp[1]; `set_epoch` picks the size). The other arguments are
+    the `train` flags of the same names."""
 
     def __init__(self, data, split: str = "train", *, batch_size: int = 256,
                  image_size: int | None = None, device=None, pipeline: str = AUTO,
@@ -101,10 +104,13 @@ class Loader:
                  scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3),
                  rank: int | None = None, world_size: int | None = None,
-                 cache_dir: str | None = None, cache_limit: str | None = None):
+                 cache_dir: str | None = None, cache_limit: str | None = None,
+                 min_res: int | None = None, res_ramp: tuple[float, float] | None = None):
         _check_arguments(locals())
         env = _process_env(rank, world_size)
         config = TrainConfig(data=os.fspath(data), pipeline=pipeline, image_size=image_size,
+                             progressive=min_res is not None or None, min_res=min_res,
+                             res_ramp=None if res_ramp is None else tuple(res_ramp),
                              batch_size=batch_size, device=_device_request(device),
                              seed=seed, workers=workers, threads=threads,
                              worker_mode=worker_mode, order=order, order_window=order_window,
@@ -198,6 +204,11 @@ class Loader:
             self._handed = 0
         self.pipeline.set_epoch(epoch)
 
+    def size_at(self, epoch: int) -> int:
+        """The side in px of `epoch`'s batches: the image size, or under progressive
+        resizing (train --min-res, --res-ramp) the schedule's for that epoch."""
+        return self.pipeline.size_at(epoch)
+
     def state_dict(self) -> dict:
         """The position: the epoch and the batches of it handed out so far."""
         return {**self.pipeline.state_dict(), "epoch": self.pipeline.epoch,
@@ -286,6 +297,15 @@ def _check_arguments(args: dict) -> None:
         fail("split", "needs a split name such as 'train' or 'val'")
     whole("batch_size", 1)
     whole("image_size", 8, optional=True)
+    whole("min_res", 8, optional=True)
+    if (args["min_res"] is None) != (args["res_ramp"] is None):
+        fail("min_res" if args["min_res"] is None else "res_ramp",
+             "progressive resizing needs both min_res and res_ramp=(START, END)")
+    ramp = args["res_ramp"]
+    if ramp is not None and not (isinstance(ramp, (tuple, list)) and len(ramp) == 2
+                                 and all(isinstance(v, (int, float)) for v in ramp)
+                                 and 0 <= ramp[0] <= ramp[1]):
+        fail("res_ramp", "needs two epochs (START, END) with 0 <= START <= END")
     whole("seed", 0)
     whole("workers", 0, optional=True)
     whole("threads", 1, optional=True)

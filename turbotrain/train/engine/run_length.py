@@ -25,7 +25,9 @@ from typing import Callable
 
 from ..plan import recipe
 from ..plan.budget import (MEASURED_SECONDS, MEASURED_SHARE, correction_steps, eval_seconds,
-                           fit_budget, measure_checks, measured_enough, typical_step_seconds)
+                           fit_budget, measure_checks, measured_enough, pixel_cost,
+                           typical_step_seconds)
+from ..plan.resolution import schedule_of
 from ..step.distributed import max_over_ranks
 from ..step.schedule import LRSchedule
 from .builder import Run
@@ -49,11 +51,17 @@ class RunLength:
         self.warmup_steps = warmup_steps  # the process's untimed first steps
         self._last: tuple[float, float] | None = None  # (clock, eval_seconds) at the last step
         self._intervals: list[float] = []  # seconds between consecutive timed steps
+        self._costs: list[float] = []  # ... and each one's step_cost (1.0 at one size)
         self._checks = frozenset(measure_checks())
         self._mark: _Mark | None = None
         self._eval_s = 0.0  # the evaluation's predicted seconds, until one is measured
         self._provisional_steps: int | None = None
         self.fit_reason: str | None = None
+        # Progressive resizing: a step of epoch e costs step_cost(e) final-size steps, so the
+        # pace is measured per final-size step and each epoch predicted at its own size.
+        schedule = schedule_of(run.config)
+        self.step_cost = (None if schedule is None else
+                          lambda epoch: pixel_cost(schedule.size(epoch), schedule.max_res))
 
     @property
     def budget(self) -> float | None:
@@ -80,6 +88,7 @@ class RunLength:
         if self._last is not None and c.eval_seconds == self._last[1]:
             # An interval that held an evaluation (and the epoch's checkpoint) is no step's time.
             self._intervals.append(now - self._last[0])
+            self._costs.append(self._cost(c.epoch))
         self._last = (now, c.eval_seconds)
         timed = len(self._intervals)
         last_step = timed > 0 and self.run.total_steps - c.step <= 1
@@ -87,7 +96,9 @@ class RunLength:
             return None
         env, device = self.run.env, self.run.device
         timed_seconds = max_over_ranks(sum(self._intervals), env, device)
-        step_s = max_over_ranks(typical_step_seconds(self._intervals), env, device)
+        # In final-size steps: each timed step divided by its epoch's pixel share.
+        final_size = [t / cost for t, cost in zip(self._intervals, self._costs)]
+        step_s = max_over_ranks(typical_step_seconds(final_size), env, device)
         if not (last_step or measured_enough(timed_seconds, timed, self.budget)):
             self._provisional(c, step_s, elapsed())
             return None
@@ -97,7 +108,23 @@ class RunLength:
         self._eval_s = eval_seconds(self._val_images(), step_s, self.run.global_batch)
         return fit_budget(budget_s=self.budget, elapsed_s=elapsed, step_s=step_s,
                           steps_done=c.step, steps_per_epoch=self.run.steps_per_epoch,
-                          eval_s=self._eval_s, max_steps=self.run.total_steps)
+                          eval_s=self._eval_s, max_steps=self.run.total_steps,
+                          step_cost=self.step_cost)
+
+    def _cost(self, epoch: int) -> float:
+        return 1.0 if self.step_cost is None else self.step_cost(epoch)
+
+    def _weighted_steps(self, first: int, end: int) -> float:
+        """Steps first .. end - 1 counted in final-size steps (each epoch at its cost)."""
+        if self.step_cost is None:
+            return float(end - first)
+        spe = max(1, self.run.steps_per_epoch)
+        total, step = 0.0, first
+        while step < end:
+            stop = min(end, (step // spe + 1) * spe)
+            total += (stop - step) * self.step_cost(step // spe)
+            step = stop
+        return total
 
     def _provisional(self, c: Counters, step_s: float, elapsed: float) -> None:
         """While the pace is being measured, the schedule of the length it points to so far:
@@ -151,7 +178,8 @@ class RunLength:
             return
         run = self.run
         evaluating = c.eval_seconds - mark.eval_seconds
-        step_s = max(1e-6, (now - mark.elapsed - evaluating) / (c.step - mark.step))
+        step_s = max(1e-6, (now - mark.elapsed - evaluating)
+                     / self._weighted_steps(mark.step, c.step))
         if c.epoch > mark.epoch:
             self._eval_s = evaluating / (c.epoch - mark.epoch)
         elif self._eval_s == 0.0:
@@ -160,7 +188,7 @@ class RunLength:
         eval_s = max_over_ranks(self._eval_s, run.env, run.device)
         fit = fit_budget(budget_s=self.budget, elapsed_s=now, step_s=step_s, steps_done=c.step,
                          steps_per_epoch=run.steps_per_epoch, eval_s=eval_s,
-                         max_steps=c.budget_max_steps)
+                         max_steps=c.budget_max_steps, step_cost=self.step_cost)
         self._next_check(c, step_s, now)
         if fit.total_steps == c.budget_total_steps:
             return

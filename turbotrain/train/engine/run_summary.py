@@ -42,6 +42,9 @@ def run_summary(run: Run, c: Counters, ledger: StepLedger, *, outcome: str,
         "world_size": run.env.world_size, "global_batch_size": run.global_batch,
         "peak_memory_bytes": peak_memory_bytes(run.device),
         "model": config.model, "image_size": config.image_size,
+        # Each epoch's training size begun (progressive resizing: the schedule's sizes).
+        "epoch_sizes": [run.train_pipeline.size_at(e) for e in range(
+            c.epoch + (1 if c.micro_in_epoch else 0))],
         "batch_size": config.batch_size, "accum_steps": config.accum_steps,
         "lr": config.lr, "optimizer": config.optimizer,
         "workers": run.threads.workers, "torch_threads": run.threads.torch_threads,

@@ -108,6 +108,7 @@ class Trainer:
         micro_total = run.steps_per_epoch * k
         pipeline = run.train_pipeline
         pipeline.set_epoch(c.epoch)
+        self.monitor.timeline.mark_size(c.step + 1, pipeline.size_at(c.epoch))
         if self.pipeline_state is not None:  # resuming mid-epoch
             pipeline.load_state_dict(self.pipeline_state)
             self.pipeline_state = None
@@ -239,6 +240,7 @@ class Trainer:
         self.metrics.write({"kind": "step", "epoch": c.epoch, "epoch_float": self._epoch_float(),
                             "step": c.step, "loss": loss, "lr": self.run.engine.lr(c.step),
                             "images_per_second": rate, "data_wait_fraction": wait,
+                            "image_size": self.run.train_pipeline.size_at(c.epoch),
                             **self.run.engine.log_record(),
                             **self.monitor.window_record(), "time": self.elapsed()})
         total = self.length.shown_steps(c)
@@ -271,8 +273,10 @@ class Trainer:
         self.keeper.evaluated(c, result)
         if record_epoch:
             self._write_epoch_record(result)
+        at_size = (f" ({run.train_pipeline.size_at(c.epoch)} px)" if run.config.progressive
+                   else "")  # progressive resizing: the size this epoch trained at
         self.progress.message(f"epoch {c.epoch + 1 if record_epoch else self._epoch_float():.3g}"
-                              f" step {c.step}: val_loss {result['val_loss']:.4f} "
+                              f"{at_size} step {c.step}: val_loss {result['val_loss']:.4f} "
                               f"val_accuracy {result['val_accuracy']:.2%}"
                               + ("" if result["val_top5"] is None else  # <= 5 classes: no top5
                                  f" top5 {result['val_top5']:.2%}"))
@@ -282,7 +286,8 @@ class Trainer:
         c = self.counters
         train_loss = c.epoch_loss_sum / c.epoch_steps if c.epoch_steps else None
         self.metrics.write({"kind": "epoch", "epoch": c.epoch, "epoch_float": c.epoch + 1.0,
-                            "step": c.step, "train_loss": train_loss, **result,
+                            "step": c.step, "train_loss": train_loss,
+                            "image_size": self.run.train_pipeline.size_at(c.epoch), **result,
                             "time": self.elapsed()})
 
     # ------------------------------------------------------------------ checkpoints

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from typing import Callable
 
 # Steps timed after the warm-up ones before the run is sized: for 8 % of the budget (2 s at
 # least), at least 5 and at most 200 steps. bench/bench_demo.py on the 2-core box: the median of
@@ -91,15 +92,30 @@ class BudgetFit:
     reason: str
 
 
+def pixel_cost(size: int, final_size: int) -> float:
+    """A step's time at `size` px as a share of one at `final_size`: the pixel count's ratio
+    (convolutions' FLOPs scale with it; what it leaves out, a fixed cost per step, is made up
+    for by the run's later sizings, which measure the pace at the sizes it trains at)."""
+    return (size / final_size) ** 2
+
+
 def fit_budget(*, budget_s: float, elapsed_s: float, step_s: float, steps_done: int,
                steps_per_epoch: int, eval_s: float, max_steps: int,
-               finish_s: float = FINISH_SECONDS) -> BudgetFit:
+               finish_s: float = FINISH_SECONDS,
+               step_cost: Callable[[int], float] | None = None) -> BudgetFit:
     """The most optimizer steps that end within `budget_s` of the run's start.
 
     `elapsed_s`: the run's time so far (start-up, warm-up and `steps_done` steps); `step_s`:
     the measured time of one step (data wait included); `eval_s`: one evaluation pass, run at
     every epoch's end and once at the end of a partial last epoch; `max_steps`: the length the
-    run had before (--epochs, --max-steps), never exceeded. At least one step more than done."""
+    run had before (--epochs, --max-steps), never exceeded. At least one step more than done.
+    `step_cost(epoch)`: under progressive resizing, a step of that epoch as a share of
+    `step_s` (pixel_cost: `step_s` is then a final-size step's time); None: every step alike."""
+    if step_cost is not None:
+        return _fit_by_epoch(budget_s=budget_s, elapsed_s=elapsed_s, step_s=step_s,
+                             steps_done=steps_done, steps_per_epoch=steps_per_epoch,
+                             eval_s=eval_s, max_steps=max_steps, finish_s=finish_s,
+                             step_cost=step_cost)
     left = budget_s - elapsed_s - finish_s
     spe = max(1, steps_per_epoch)
     epoch_s = spe * step_s + eval_s
@@ -123,4 +139,39 @@ def fit_budget(*, budget_s: float, elapsed_s: float, step_s: float, steps_done: 
         why = (f"{total} steps ({total / spe:.3g} epochs) fit in the {budget_s:g} s budget: "
                f"{step_s * 1000:.0f} ms a step measured, {eval_s:.1f} s an evaluation, "
                f"{elapsed_s:.0f} s spent before")
+    return BudgetFit(total_steps=total, epochs=epochs, reason=why)
+
+
+def _fit_by_epoch(*, budget_s: float, elapsed_s: float, step_s: float, steps_done: int,
+                  steps_per_epoch: int, eval_s: float, max_steps: int, finish_s: float,
+                  step_cost: Callable[[int], float]) -> BudgetFit:
+    """fit_budget for steps whose time depends on their epoch: the epochs left are walked one
+    by one (at most max_steps / steps_per_epoch of them), each at its own step time. With
+    step_cost = 1 it gives fit_budget's closed form (tests/train/plan/test_budget_ramp.py)."""
+    left = budget_s - elapsed_s - finish_s
+    spe = max(1, steps_per_epoch)
+    # The epoch just finished (steps_done a multiple of spe) has its evaluation still to come.
+    spent = eval_s if steps_done > 0 and steps_done % spe == 0 else 0.0
+    total, epoch = steps_done, steps_done // spe
+    while total < max_steps:
+        cost = step_s * step_cost(epoch)
+        end = (epoch + 1) * spe
+        need = (end - total) * cost + eval_s
+        if spent + need > left:
+            spare = left - spent - eval_s  # a partial epoch, with its own evaluation
+            if spare > 0 and cost > 0:
+                total += min(end - total - 1, math.floor(spare / cost))
+            break
+        spent += need
+        total, epoch = end, epoch + 1
+    total = max(steps_done + 1, min(total, max_steps))
+    epochs = math.ceil(total / spe)
+    if total >= max_steps:
+        why = (f"the run's {max_steps} steps fit in the {budget_s:g} s budget "
+               f"({step_s * 1000:.0f} ms a final-size step measured)")
+    else:
+        why = (f"{total} steps ({total / spe:.3g} epochs) fit in the {budget_s:g} s budget: "
+               f"{step_s * 1000:.0f} ms a final-size step measured, each epoch's steps scaled "
+               f"by its pixel count, {eval_s:.1f} s an evaluation, {elapsed_s:.0f} s spent "
+               "before")
     return BudgetFit(total_steps=total, epochs=epochs, reason=why)

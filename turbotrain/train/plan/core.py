@@ -31,10 +31,11 @@ from turbotrain.pipeline.workers import ThreadPlan, after_pipeline, split_cores
 # The plan imports leaf modules only (tests/train/plan/test_plan_imports.py): none of these
 # imports anything that leads back here.
 from ..config.config import AUTO, TrainConfig
+from ..config.duration import BUDGET_MAX_EPOCHS
 from ..config.model_args import canonical, parse_model_kwargs
 from ..errors import TrainError
 from ..models.models import get_model_spec
-from . import recipe, rules
+from . import recipe, resolution, rules
 from .budget_size import budget_size
 from .device_choice import device_choices, pick_channels_last, pick_device
 from .facts import DatasetFacts, WeightsFacts
@@ -43,8 +44,8 @@ from .rules import BatchSearch, Decision
 
 # The order decisions are printed in at the start of a run.
 ORDER = ("device", "resume", "host_memory", "evaluation", "image_size", "model", "model_kwargs",
-         "batch_size", "accum_steps", "lr", "weight_decay", "worker_mode", "precision",
-         "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
+         "progressive", "batch_size", "accum_steps", "lr", "weight_decay", "worker_mode",
+         "precision", "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
          "warmup_steps", "warmup")
 _NOT_LISTED = object()
 
@@ -127,6 +128,7 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
         d["evaluation"] = Decision("none", facts.val_missing)
     weights = _weights(config, observed)
     config, spec = _model(d, config, facts, device, weights, machine)
+    config = _progressive(d, config, facts, spec)
     channels_last = _decide(d, "channels_last",
                             pick_channels_last(config.channels_last, spec.conv))
     need, room = _resident_room(config, facts, machine, d["device"].value)
@@ -159,6 +161,8 @@ def plan_loader(config: TrainConfig, facts: DatasetFacts, machine: Machine,
     if size is None:
         size = _decide(d, "image_size", rules.image_size(facts.largest_side, facts.train_count,
                                                          device.type))
+    if config.progressive and config.min_res is not None and config.min_res > size:
+        raise TrainError(f"min_res {config.min_res} is above the image size {size}")
     config = config.replace(device=device.type, image_size=size)
     need, room = _resident_room(config, facts, machine, device)
     pipeline = _pipeline(d, config, machine, observed, need, room)
@@ -238,7 +242,7 @@ def _model(d: dict, config: TrainConfig, facts: DatasetFacts, device: str,
     else what a --time-budget on a CPU can train enough epochs of, else the rules for the data
     and the device."""
     hint = weights or WeightsFacts()
-    size = config.image_size
+    size = config.image_size if config.image_size is not None else config.max_res
     if size is None and hint.image_size is not None:
         size = _decide(d, "image_size", Decision(
             hint.image_size, f"{hint.image_size} px, the size the --init-from weights learnt at"))
@@ -266,6 +270,21 @@ def _model(d: dict, config: TrainConfig, facts: DatasetFacts, device: str,
                                          "model_kwargs")
     spec = get_model_spec(name, model_kwargs=kwargs, image_size=size)
     return config.replace(image_size=size, model=spec.name, model_kwargs=canonical(kwargs)), spec
+
+
+def _progressive(d: dict, config: TrainConfig, facts: DatasetFacts, spec) -> TrainConfig:
+    """Progressive resizing (plan/resolution.py): the schedule's settings resolved in the
+    config (config.yaml reruns and resumes the same schedule), or progressive off."""
+    decision = _decide(d, "progressive", resolution.progressive(
+        config.progressive, image_size=config.image_size, epochs=config.epochs,
+        small_images=facts.small, fixed_input=not spec.conv or "img_size" in spec.kwargs,
+        min_res=config.min_res, res_ramp=config.res_ramp,
+        epochs_measured=config.time_budget is not None and config.epochs >= BUDGET_MAX_EPOCHS))
+    # max_res stays as given: the final size is image_size, one fact.
+    if decision == resolution.OFF:
+        return config.replace(progressive=False)
+    return config.replace(progressive=True, min_res=decision.min_res,
+                          res_ramp=(decision.start_ramp, decision.end_ramp))
 
 
 def _pipeline(d: dict, config: TrainConfig, machine: Machine, observed: Observed, need: int,

@@ -137,6 +137,11 @@ def plot_curves(run_dir: str | os.PathLike) -> Path | None:
                          "o-", label="val loss")
             acc_ax.plot([r[axis_key] for r in with_val], [r["val_accuracy"] for r in with_val],
                         "o-", label="val accuracy", color="C2")
+        for x, size in size_starts(epochs, axis_key):  # progressive resizing
+            for ax in (loss_ax, acc_ax) if with_val else (loss_ax,):
+                ax.axvline(x, color="0.5", ls="-.", lw=1)
+                ax.annotate(f"{size} px", (x, 1), xycoords=("data", "axes fraction"),
+                            xytext=(3, -12), textcoords="offset points", color="0.35")
         for stop in stops:  # --target-accuracy / --time-budget ended the run here
             for ax in (loss_ax, acc_ax) if with_val else (loss_ax,):
                 # Black dashed: C1 (orange) is the val loss drawn beside it.
@@ -151,6 +156,25 @@ def plot_curves(run_dir: str | os.PathLike) -> Path | None:
                 acc_ax.legend()
             acc_ax.grid(alpha=0.3)
     return save_figure(fig, Path(run_dir) / CURVES_NAME)
+
+
+def size_starts(epochs: list[dict], axis_key: str) -> list[tuple[float, int]]:
+    """(x, px) where each training size began, from the epoch records' `image_size`; [] for a
+    run at one size. x on the `epoch_float` axis is the epoch's start; on `time`, the end of
+    the epoch before (0 for the first)."""
+    sized = [r for r in epochs if r.get("image_size") is not None]
+    if len({r["image_size"] for r in sized}) < 2:
+        return []
+    starts, previous = [], None
+    for k, record in enumerate(sized):
+        if record["image_size"] != previous:
+            if axis_key == "epoch_float":
+                x = record["epoch_float"] - 1.0
+            else:
+                x = sized[k - 1][axis_key] if k else 0.0
+            starts.append((x, record["image_size"]))
+            previous = record["image_size"]
+    return starts
 
 
 def save_figure(fig, path: str | os.PathLike, *, overwrite: bool = True) -> Path:

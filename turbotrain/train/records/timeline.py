@@ -32,6 +32,8 @@ class StepTimeline:
         self.counts = array("q")
         self.epoch_starts: list[int] = []  # step numbers
         self.resumes: list[int] = []  # the first step of each resumed process
+        # [step, px] where the training size changed (progressive resizing), the first included
+        self.sizes: list[list[int]] = []
         self.profiled: tuple[int, int] | None = None  # (first, last) profiled step
         self.stopped: tuple[int, str] | None = None  # (step, why): --target-accuracy, --time-budget
 
@@ -73,6 +75,11 @@ class StepTimeline:
     def mark_resume(self, step: int) -> None:
         self.resumes.append(step)
 
+    def mark_size(self, step: int, size: int) -> None:
+        """The batches are `size` px from `step` on (marked only where the size changes)."""
+        if not self.sizes or self.sizes[-1][1] != size:
+            self.sizes.append([int(step), int(size)])
+
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict:
@@ -80,7 +87,7 @@ class StepTimeline:
         return {"per_bucket": self.per_bucket, "first_step": list(self.first_step),
                 "data_wait": list(self.data_wait), "compute": list(self.compute),
                 "counts": list(self.counts), "epoch_starts": list(self.epoch_starts),
-                "resumes": list(self.resumes),
+                "resumes": list(self.resumes), "sizes": [list(s) for s in self.sizes],
                 "profiled": list(self.profiled) if self.profiled is not None else None}
 
     def load_state_dict(self, saved: dict) -> None:
@@ -105,6 +112,11 @@ class StepTimeline:
         self.per_bucket = per_bucket
         self.first_step, self.data_wait, self.compute, self.counts = loaded
         self.epoch_starts, self.resumes = (list(array("q", m)) for m in marks)
+        sizes = saved.get("sizes", [])  # absent from checkpoints before progressive resizing
+        if not (isinstance(sizes, list) and all(isinstance(s, list) and len(s) == 2
+                                                for s in sizes)):
+            raise ValueError(f"timeline sizes are {sizes!r:.60}")
+        self.sizes = [list(array("q", s)) for s in sizes]
         self.profiled = tuple(array("q", profiled)) if profiled is not None else None
 
     # ------------------------------------------------------------------ the picture
@@ -135,6 +147,11 @@ class StepTimeline:
         for i, step in enumerate(self.resumes):
             ax.axvline(step, color="C4", ls="--", lw=1.5,
                        label="resumed (--resume)" if i == 0 else None)
+        if len(self.sizes) > 1:  # progressive resizing: each size from where it starts
+            for step, size in self.sizes:
+                ax.axvline(step, color="C2", ls="-.", lw=1)
+                ax.annotate(f"{size} px", (step, 1), xycoords=("data", "axes fraction"),
+                            xytext=(3, -12), textcoords="offset points", color="C2")
         if self.profiled is not None:
             ax.axvspan(self.profiled[0], self.profiled[1] + 1, color="C2", alpha=0.15,
                        label="profiled (--profile)")
