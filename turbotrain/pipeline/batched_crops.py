@@ -152,13 +152,15 @@ class ResizedCrops:
             raise PipelineError(f"resident: crop {position} of a batch failed ({reason})")
         return out
 
-    def _on_device(self, indices: torch.Tensor, boxes: torch.Tensor, s: int) -> torch.Tensor:
+    def _on_device(self, indices: torch.Tensor, boxes: torch.Tensor,
+                   s: int | None = None) -> torch.Tensor:
         """The CPU kernel's resize (resample.c: cv2's INTER_LINEAR, INTER_AREA from a 2x
         shrink, each clamped to its box) as float gathers on the store's device, DEVICE_CHUNK
         samples at a time, so its work memory is a constant (work_bytes) the batch search
         reserves, whatever the batch. Only the box's rows are gathered (the full-square float
         copy grid_sample needed took ~400 MB a batch at 512). Every pixel within 1 grey level
         of the kernel's, which rounds its fixed-point weights (test_batched_crops.py)."""
+        s = self.size if s is None else s
         out = torch.empty((len(indices), s, s, 3), dtype=torch.uint8, device=self.store.device)
         for start in range(0, len(indices), DEVICE_CHUNK):
             part = slice(start, start + DEVICE_CHUNK)
