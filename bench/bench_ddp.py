@@ -131,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     models = args.models.split(",")
     layouts = [ONE_PROCESS, DDP] + ([TWO_THREADS] if args.two_thread_baseline else [])
-    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-ddp-") as tmp:
         data = prepare_train_only(Path(args.source), Path(tmp))
         numbers = itertools.count()  # a fresh run folder for every run
@@ -168,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
               "one-process step")
     common.write_results(RESULTS, {"command": common.command_line(__file__, argv),
                                    "global_batch": GLOBAL_BATCH, "rounds": args.rounds,
-                                   "cores": os.cpu_count(), "load_average_before": load_before,
-                                   "load_average_after": os.getloadavg(),
-                                   "results": rows})
+                                   "cores": os.cpu_count(), "results": rows})
     print(f"wrote {RESULTS}")
     return 0
 

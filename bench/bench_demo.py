@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     report = {"command": common.command_line(__file__, argv), "demo": demo,
               "budget_settings": settings, "budgets": budgets,
-              "load_average": common.load_average(), "goals": goals(demo, budgets)}
+              "goals": goals(demo, budgets)}
     common.write_results(args.out, report)
     print(summary_line(demo, budgets))
     print(f"wrote {args.out}")

@@ -425,7 +425,6 @@ def main(argv: list[str] | None = None) -> int:
               "Debian's dataset-fashion-mnist or pass --source", file=sys.stderr)
         return 2
     source = quick_source(QUICK["train"], QUICK["t10k"]) if args.quick else args.source
-    load = common.load_average()
     with tempfile.TemporaryDirectory(prefix="bench-tta-") as tmp:
         work = Path(tmp)
         sides = {
@@ -448,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         "source": str(source), "quick": args.quick, "target": target, "epochs": epochs,
         "train_images": idx_count(source / IDX_FILES["train", "labels"]),
         "test_images": idx_count(source / IDX_FILES["t10k", "labels"]),
-        "rounds": args.rounds, "load_average": load,
+        "rounds": args.rounds,
         "turbotrain": fastest(ours), "plain_pytorch": fastest(plain),
     }
     report["speedup"] = common.ratio(report["plain_pytorch"]["seconds_to_target"],

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_native_bf16": cpu_has_native_bf16(), "threads": args.threads,
         "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds,
         "host_memory_kept": host_memory_kept,
-        "load_average": os.getloadavg(), "torch": torch.__version__, "results": results})
+        "results": results})
     print(f"wrote {RESULTS}")
     return 0
 

@@ -81,3 +81,27 @@ def cpu_info(path: str = "/proc/cpuinfo") -> CpuInfo:
         if model and flags:
             break
     return CpuInfo(model or "unknown", flags, bool(text))
+
+
+def isa_name(flags: frozenset[str]) -> str:
+    """The CPU's widest vector instructions, in words: they change what a decode and a training
+    step cost (`train` picks bf16 only on avx512_bf16 or AMX: the suite took 21 min on an
+    AVX2-only box against 8.5 on an AMX one, issue 44), so rates and suite times from two boxes
+    that differ here do not compare. The one name: bench/common.py's machine block and the test header use it."""
+    if "avx512f" in flags:
+        extras = [name for flag, name in (("avx512_bf16", "bf16"), ("amx_tile", "AMX"))
+                  if flag in flags]
+        return " + ".join(["AVX-512", *extras])
+    return "AVX2 without AVX-512" if "avx2" in flags else "no AVX2"
+
+
+def total_ram() -> int | None:
+    """Bytes of RAM the machine has (MemTotal), None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
