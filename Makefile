@@ -82,6 +82,10 @@ FALLBACK_TESTS := tests/pipeline/test_contract.py tests/pipeline/test_errors_and
 # training run, ~50 s for DDP's) runs once, not once per worker; no reorder keeps the slow tests
 # first (tests/conftest.py).
 TEST_JOBS ?= 2
+# What `make install` installed, so a test that needs one of them fails when it is missing
+# instead of skipping (tests/expect.py). Without DALI, say: make test TEST_EXPECT=ray,timm,...
+TEST_EXPECT ?= ray,timm,dali,ffcv,fashion_mnist,native
+test test-fast: export TURBOTRAIN_EXPECT = $(TEST_EXPECT)
 test: install
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder --durations=30
 	TURBOTRAIN_NATIVE=0 $(PY) -m pytest -q $(FALLBACK_TESTS) -n $(TEST_JOBS) -k "not ffcv"
