@@ -214,3 +214,43 @@ def write_results(path: Path, result: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(stamped, indent=2, default=str) + "\n")
     return path
+
+
+# -- what every benchmark's markdown(result) formats its table with --------------------------------
+def md_table(headers: list[str], rows: list[list]) -> list[str]:
+    """A markdown table's lines, then a blank one; None shows as "-"."""
+    def cell(value) -> str:
+        return "-" if value is None else str(value).replace("|", "\\|")
+    return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|",
+            *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows), ""]
+
+
+def rate(value: float | None) -> str | None:
+    return None if value is None else f"{value:,.0f}"
+
+
+def times(value: float | None) -> str | None:
+    return None if value is None else f"{value:.2f}x"
+
+
+def percent(value: float | None) -> str | None:
+    return None if value is None else f"{value:.2%}"
+
+
+def decimal(value: float | None, places: int = 1) -> str | None:
+    return None if value is None else f"{value:.{places}f}"
+
+
+def run_error(runs: list[dict]) -> str:
+    """What a contender without a rate shows: its last run's error."""
+    errors = [r.get("error") for r in runs if r.get("error")]
+    return f"failed: {errors[-1]}" if errors else "no result"
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display): for the plots a script draws beside
+    its result file."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
