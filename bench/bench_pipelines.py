@@ -4,9 +4,8 @@ bench/registry.py CONTENDERS).
 
     .venv/bin/python bench/bench_pipelines.py [--images 3000] [--batches 100] [--rounds 2]
 
-About 6 minutes on the 2-core dev box (2 rounds of 12 contenders, each a fresh process, plus
-the cached data the first time). SPDL is the benchmark's own requirement, not turbotrain's:
-bench/requirements.txt (`make bench` installs it; its FFmpeg libraries come from apt).
+SPDL is the benchmark's own requirement, not turbotrain's: bench/requirements.txt (`make bench`
+installs it; its FFmpeg libraries come from apt).
 
 Data (generated once, cached under bench/.cache/, shared with bench_prepare.py):
 
