@@ -1,11 +1,7 @@
 """BENCHMARKS.md from bench/results/*.json and the hand-kept bench/NOTES.md (rendered, never
-measured).
-
-    .venv/bin/python bench/report.py [--results bench/results] [--output BENCHMARKS.md]
-
-`bench/run_all.py` calls `render` after running the suite (and alone with --render-only). Each
-benchmark owns its table: `markdown(result)` beside the code that measures it (its script of
-bench/registry.py); this file only orders and joins them. First the Machines table (every
+measured): `bench/run_all.py` calls `render` after running the suite, and alone with
+`--render-only`. Each benchmark owns its table: `markdown(result)` beside the code that
+measures it (its script of bench/registry.py); this file only orders and joins them. First the Machines table (every
 machine that measured a section, once, as a letter), the Goals table (every goal each result
 file recorded with bench/common.py ratio_goal) and the Contenders table; then one section per
 benchmark, in the registry's order: its command, when, on which machine and commit, its table,
@@ -14,7 +10,6 @@ is shown only from the file its own script wrote.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import re
@@ -172,16 +167,3 @@ def render(results: Path = RESULTS_DIR, output: Path = OUTPUT, notes: Path = NOT
     output.write_text("\n".join(doc).rstrip() + "\n")
     return output
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--results", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--output", type=Path, default=OUTPUT)
-    parser.add_argument("--notes", type=Path, default=NOTES)
-    args = parser.parse_args(argv)
-    print(f"wrote {render(args.results, args.output, args.notes)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
