@@ -199,7 +199,9 @@ def machine() -> dict:
     ram = total_ram()
     return {"cpu": cpu.model or platform.processor() or "unknown", "cores": available_cores(),
             "simd": isa_name(cpu.flags) if cpu.read else None,
+            # as torch can use them: ONEDNN_MAX_CPU_ISA, when set, hides those above it
             "flags": [f for f in RATE_FLAGS if f in cpu.flags] if cpu.read else None,
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
             "ram_gib": None if ram is None else round(ram / 2**30, 1), "gpu": gpu_name(),
             "torch": torch_version, "python": platform.python_version(),
             "platform": platform.platform(), "commit": git_commit(),
