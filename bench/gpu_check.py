@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"device": where, "torch": torch.__version__, "settings": settings.__dict__,
               "engines": report.engines, "rows": report.rows, "checks": report.checks,
               "notes": report.notes, **report.extra, "seconds": seconds,
-              "pipeline_goal": GOAL}  # report.py's verdict on the rows
+              "pipeline_goal": GOAL}  # the share of the bound each row must reach
     if args.all:
         result["goals"] = gpu_all.goals(result, report.rows)
         print("\n" + "\n".join(gpu_all.mode_lines(result) + gpu_all.goal_lines(result["goals"])))
