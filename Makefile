@@ -13,7 +13,7 @@ NATIVE_SOURCES := setup.py $(wildcard turbotrain/pipeline/csrc/*.c turbotrain/pi
 APT_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev libgl1 libglib2.0-0 dataset-fashion-mnist \
 	libjpeg-dev zlib1g-dev libwebp-dev libtiff-dev
 
-.PHONY: install demo test test-fast bench gpu-check bf16-probe apt-deps clean
+.PHONY: install demo test test-fast bench bench-deps gpu-check bf16-probe apt-deps clean
 
 # When make read this file: `install took N s` counts from here (make parses the Makefile once,
 # just before the first recipe runs). The install steps print what they do and roughly how long
@@ -82,6 +82,10 @@ FALLBACK_TESTS := tests/pipeline/test_contract.py tests/pipeline/test_errors_and
 # training run, ~50 s for DDP's) runs once, not once per worker; no reorder keeps the slow tests
 # first (tests/conftest.py).
 TEST_JOBS ?= 2
+# What `make install` installed, so a test that needs one of them fails when it is missing
+# instead of skipping (tests/expect.py). Without DALI, say: make test TEST_EXPECT=ray,timm,...
+TEST_EXPECT ?= ray,timm,dali,ffcv,fashion_mnist,native
+test test-fast: export TURBOTRAIN_EXPECT = $(TEST_EXPECT)
 test: install
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder --durations=30
 	TURBOTRAIN_NATIVE=0 $(PY) -m pytest -q $(FALLBACK_TESTS) -n $(TEST_JOBS) -k "not ffcv"
@@ -92,8 +96,16 @@ test-fast:
 	test -x $(PY) || $(MAKE) install
 	$(PY) -m pytest -q --fast -n $(TEST_JOBS) --dist loadgroup --durations=10
 
-bench: install
+bench: install bench-deps
 	$(PY) bench/run_all.py
+
+# What only the benchmarks use, never a dependency of turbotrain: the contenders' own packages
+# (bench/requirements.txt: SPDL) and SPDL's FFmpeg libraries (Debian 12's FFmpeg 5.1), from apt
+# when we are root on Debian/Ubuntu.
+BENCH_APT_PACKAGES := libavdevice59 libavfilter8 libavformat59 libavcodec59 libavutil57 libswscale6
+bench-deps: $(STAMP)
+	@$(MAKE) --no-print-directory apt-deps APT_PACKAGES="$(BENCH_APT_PACKAGES)"
+	$(PIP) install -q -r bench/requirements.txt
 
 # On a GPU machine: `pytest -m cuda`, the speed table, one verdict line per goal, <= 8 minutes.
 # Installs nothing (no `install` prerequisite): the venv's python if there is one, else

@@ -149,11 +149,35 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     report = {"command": common.command_line(__file__, argv), "demo": demo,
               "budget_settings": settings, "budgets": budgets,
-              "load_average": common.load_average(), "goals": goals(demo, budgets)}
+              "goals": goals(demo, budgets)}
     common.write_results(args.out, report)
     print(summary_line(demo, budgets))
     print(f"wrote {args.out}")
     return 0
+
+
+def markdown(result: dict) -> str:
+    """bench/results/demo.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    demo, budgets = result["demo"], result["budgets"]
+    if demo.get("outcome") == "target_accuracy":
+        ending = (f"; it stopped at epoch {demo['target_reached_epoch']}, the first to reach its "
+                  f"{common.percent(demo['target_accuracy'])} target (time budget "
+                  f"{demo['time_budget_seconds']:g} s)")
+    else:
+        budget = demo.get("time_budget_seconds")
+        ending = f"; it ran to its {budget:g} s time budget" if budget else ""
+    flags = " ".join(budgets[0].get("flags") or []) if budgets else ""
+    return "\n".join([
+        f"`turbotrain demo`, end to end in a fresh process: training **{demo['train_seconds']} "
+        f"s** ({demo['model']} at {demo['image_size']} px, {demo['precision']}, "
+        f"{demo['epochs']} epochs), val accuracy **{common.percent(demo['val_accuracy'])}**, "
+        f"{demo['total_seconds']} s in all with writing and preparing the images{ending}.", "",
+        f"`train --time-budget B` on the demo's prepared dataset ({flags}), each in a fresh "
+        "process:", "",
+        *common.md_table(["budget", "training time", "used", "epochs", "val accuracy"],
+                         [[f"{b['budget_seconds']:g} s", f"{b['train_seconds']} s",
+                           common.percent(b.get("used_fraction")), b.get("epochs"),
+                           common.percent(b.get("val_accuracy"))] for b in budgets])])
 
 
 if __name__ == "__main__":

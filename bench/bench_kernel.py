@@ -14,8 +14,10 @@ RandomResizedCrop 224 + flip, batch 64. Every measurement runs in a fresh child 
   `pytorch_python` (the same pipeline on the Python decode path, TURBOTRAIN_NATIVE=0: the code
   before the kernel), `native_calls` (a Python thread pool whose threads each make one native
   call per batch: the other mechanism issue 21 names), `pytorch_processes`, `plain_ffcv`
-  (FFCV's Loader, numba) and `plain_dali` (DALI's own CPU pipeline). Then the same with 2
-  threads for threads vs processes (the plan's worker_mode rule).
+  (FFCV's Loader, numba), `plain_dali` (DALI's own CPU pipeline) and `plain_spdl` (SPDL's
+  pipeline as bench_pipelines.py builds it, on the ImageFolder's files; each of its two layouts
+  in its own child, the one with the higher rate beside the busy thread shown). Then the same
+  with 2 threads for threads vs processes (the plan's worker_mode rule).
 * stages: one thread decoding batches inline, timed inside the kernel (decode, resize) and
   around it (the Python per batch), as region decodes and as full decodes then crops; and the
   Python path's time per image for comparison.
@@ -46,7 +48,7 @@ import common  # noqa: E402
 
 BATCH, SIZE = 64, 224
 BUSY = ["pytorch", "pytorch_python", "native_calls", "pytorch_processes", "plain_ffcv",
-        "plain_dali"]
+        "plain_dali", "plain_spdl"]
 MODES = ["pytorch", "pytorch_processes"]  # 2 threads: the worker_mode rule
 KEPT_GOAL = 0.9  # issue 21: beside a Python-busy thread, 1 decode thread keeps >= 90 %
 PYTHON_PATH = {"TURBOTRAIN_NATIVE": "0"}
@@ -82,7 +84,8 @@ def _native_calls(dataset, threads: int):
     return epochs
 
 
-def loader(name: str, data: str, threads: int):
+def loader(name: str, data: str, threads: int, folder: str | None = None,
+           layout: str = "batch"):
     """epochs(e) -> iterator of batches (first item: the images) for contender `name`."""
     import torch
     import bench_pipelines
@@ -95,6 +98,9 @@ def loader(name: str, data: str, threads: int):
     if name == "plain_dali":
         return bench_pipelines.dali_epochs(data, batch_size=BATCH, image_size=SIZE,
                                            workers=threads)
+    if name == "plain_spdl":
+        return bench_pipelines.spdl_epochs(folder, layout=layout, batch_size=BATCH,
+                                           image_size=SIZE, workers=threads)
     dataset = open_dataset(data, "train")
     if name == "native_calls":
         return _native_calls(dataset, threads)
@@ -148,11 +154,12 @@ class PythonBusy:
         self.thread.join()
 
 
-def child_busy(name: str, data: str, threads: int, batches: int, rounds: int) -> dict:
+def child_busy(name: str, data: str, threads: int, batches: int, rounds: int,
+               folder: str | None = None, layout: str = "batch") -> dict:
     """`kept` is the median over rounds of busy / alone measured back to back, the order
     swapped every round: this box's rate drifts by +-15 % over a minute, more than the effect,
     so a best-of-each ratio swung between 0.77 and 1.12 over runs of the same code."""
-    epochs = loader(name, data, threads)
+    epochs = loader(name, data, threads, folder, layout)
     stream = endless(epochs)
     pool = getattr(epochs, "pool", None)
     alone, busy, idle = [], [], []
@@ -288,7 +295,8 @@ def child(args) -> int:
     import torch
     torch.set_num_threads(1)
     if args.child == "busy":
-        result = child_busy(args.name, args.data, args.threads, args.batches, args.rounds)
+        result = child_busy(args.name, args.data, args.threads, args.batches, args.rounds,
+                            args.folder, args.layout)
     elif args.child == "stages":
         result = child_stages(args.data, args.batches)
     elif args.child == "feed":
@@ -312,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
+    parser.add_argument("--layout", default="batch", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return child(args)
@@ -328,7 +337,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def busy(name: str, threads: int) -> dict:
         env = PYTHON_PATH if name == "pytorch_python" else None
-        return run("busy", "--name", name, "--threads", threads, env=env)
+        if name != "plain_spdl":
+            return run("busy", "--name", name, "--threads", threads, env=env)
+        layouts = [run("busy", "--name", name, "--threads", threads, "--folder",
+                       folder / "train", "--layout", layout)
+                   for layout in bench_pipelines.SPDL_LAYOUTS]
+        return {**(common.best_run(layouts, "busy") or layouts[-1]), "layouts": layouts}
 
     report = {"command": common.command_line(__file__, argv), "images": args.images,
               "size": "500x375 q90", "batch_size": BATCH, "image_size": SIZE,
@@ -375,6 +389,57 @@ def _kept_line(result: dict) -> str:
             if "busy_idle" in result else "")
     return (f"alone {result['alone']:,.0f}  busy {result['busy']:,.0f} images/s  "
             f"kept {result['kept']:.0%}{idle}  (load {result['load']:.2f})")
+
+
+def markdown(result: dict) -> str:
+    """bench/results/kernel.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    def kept_table(results: dict) -> list[str]:
+        return common.md_table(
+            ["loader", "alone (images/s)", "beside a busy thread", "kept"],
+            [[f"`{name}`", common.rate(r.get("alone")), common.rate(r.get("busy")),
+              f"{r['kept']:.0%}" if "kept" in r else f"failed: {r.get('error')}"]
+             for name, r in results.items()])
+    lines = [
+        f"The compiled decode kernel. {result['images']} photo-like JPEGs {result['size']}, "
+        f"RandomResizedCrop {result['image_size']} + flip, batch {result['batch_size']}, every "
+        "measurement a fresh process. *Beside a Python-busy thread*: a second thread of the same "
+        "process runs a pure-Python counting loop (what a host-bound training loop's main thread "
+        "is) while the loader is consumed; alone and busy run back to back in the same process, "
+        "the order swapped each round, and *kept* is the median of the rounds' busy / alone. "
+        "`pytorch_python` is the same pipeline on the Python decode path (TURBOTRAIN_NATIVE=0, "
+        "the code before the kernel); `native_calls` is a Python thread pool making one native "
+        "call per batch (the mechanism not chosen); `plain_spdl` is SPDL's own pipeline "
+        "(bench_pipelines.py).", "", "One decode thread:", "", *kept_table(result["busy"])]
+    if result.get("modes"):
+        lines += ["Two decode threads (the plan's worker_mode rule):", "",
+                  *kept_table(result["modes"])]
+    stages = result.get("stages")
+    if stages:
+        per_image = [[what, common.decimal(stages[key]["python_per_batch_us"]
+                                           / result["batch_size"]),
+                      common.rate(stages[key]["decode_us"]), common.rate(stages[key]["resize_us"])]
+                     for key, what in (("region", "region decode (the pipelines')"),
+                                       ("full", "full decode, then crop"))]
+        lines += ["Where one sample's time goes, one thread (µs per image; *Python* is the "
+                  "per-batch table building divided by the batch):", "",
+                  *common.md_table(["kernel", "Python", "decode", "resize + flip"], per_image),
+                  f"The Python decode path: {common.rate(stages['python_path_us'])} µs per "
+                  "image, everything included.", ""]
+    feed = result.get("feed") or {}
+    if "before_us" in feed:
+        lines += [f"DALI's feed (graph_inputs' payloads and header checks): "
+                  f"{feed['before_us']:.1f} µs per image as a per-sample Python loop, "
+                  f"{feed['after_us']:.1f} µs vectorised with one native header check per "
+                  "batch.", ""]
+    use = result.get("use")
+    if use:
+        lines += common.md_table(
+            ["", "predict input (images/s)", "resident load (s)"],
+            [[what, common.rate(use[key]["predict_images_per_second"]),
+              f"{use[key]['resident_load_s']:.2f} s"]
+             for key, what in (("python", "Python decode path (before)"),
+                               ("native", "native kernel"))])
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

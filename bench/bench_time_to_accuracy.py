@@ -425,7 +425,6 @@ def main(argv: list[str] | None = None) -> int:
               "Debian's dataset-fashion-mnist or pass --source", file=sys.stderr)
         return 2
     source = quick_source(QUICK["train"], QUICK["t10k"]) if args.quick else args.source
-    load = common.load_average()
     with tempfile.TemporaryDirectory(prefix="bench-tta-") as tmp:
         work = Path(tmp)
         sides = {
@@ -448,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         "source": str(source), "quick": args.quick, "target": target, "epochs": epochs,
         "train_images": idx_count(source / IDX_FILES["train", "labels"]),
         "test_images": idx_count(source / IDX_FILES["t10k", "labels"]),
-        "rounds": args.rounds, "load_average": load,
+        "rounds": args.rounds,
         "turbotrain": fastest(ours), "plain_pytorch": fastest(plain),
     }
     report["speedup"] = common.ratio(report["plain_pytorch"]["seconds_to_target"],
@@ -466,10 +465,92 @@ def main(argv: list[str] | None = None) -> int:
                                           ours_best["seconds_to_target"]))
     report["goals"] = [common.ratio_goal(f"seconds to {target:.0%}: plain / turbotrain",
                                          report["speedup"], GOAL)]
+    if plot(report, out.with_suffix(".png")):  # beside the JSON; markdown links it
+        report["plot"] = out.with_suffix(".png").name
     common.write_results(out, report)
     print(summary_line(report))
     print(f"wrote {out}")
     return 0
+
+
+def plot(report: dict, path: Path) -> Path | None:
+    """Val accuracy against wall time, each side's curve; None when no side has one."""
+    sides = [(key, name, (report.get(key) or {}).get("curve") or []) for key, name in
+             (("turbotrain", "turbotrain (defaults)"), ("plain_pytorch", "plain PyTorch"),
+              ("plain_pytorch_user_recipe", "plain PyTorch, a user's recipe (Adam)"))]
+    if not any(points for _, _, points in sides):
+        return None
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2), constrained_layout=True)
+    target = report["target"]
+    for colour, (key, name, points) in zip(("C0", "C1", "C2"), sides):
+        if not points:
+            continue
+        ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour, label=name)
+        reached = report[key].get("seconds_to_target")
+        if reached is not None:
+            ax.axvline(reached, color=colour, ls=":", lw=1)
+            ax.annotate(f"{reached:.0f} s", (reached, target), textcoords="offset points",
+                        xytext=(4, -12), color=colour, fontsize=8)
+    ax.axhline(target, color="C3", ls="--", lw=1, label=f"target {target:.0%}")
+    ax.set(xlabel="wall seconds since training started", ylabel="val accuracy",
+           title="Fashion-MNIST: val accuracy after each epoch")
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")  # where it hides the fewest points
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def markdown(result: dict) -> str:
+    """bench/results/time_to_accuracy.json as BENCHMARKS.md shows it (bench/report.py joins
+    them)."""
+    target, epochs = result["target"], result["epochs"]
+    user = result.get("plain_pytorch_user_recipe")
+
+    def settings(side: dict) -> str:
+        s = side.get("settings") or {}
+        parts = [s.get("precision"), "channels_last" if s.get("channels_last") else "contiguous",
+                 s.get("pipeline") and f"{s['pipeline']} pipeline",
+                 s.get("batch_size") and f"batch {s['batch_size']}",
+                 s.get("torch_threads") and f"{s['torch_threads']} torch threads"]
+        return ", ".join(p for p in parts if p)
+
+    def row(name: str, r: dict) -> list:
+        seconds = r.get("seconds_to_target")
+        return [name, "not reached" if seconds is None else f"{seconds:.1f}",
+                r.get("epochs_to_target"), common.percent(r.get("final_accuracy")),
+                common.decimal(r.get("seconds_per_epoch")), common.rate(r.get("images_per_second")),
+                common.decimal(r.get("process_seconds")), common.decimal(r.get("prepare_seconds"))]
+    runs = [row("turbotrain", result["turbotrain"]), row("plain PyTorch", result["plain_pytorch"])]
+    lines = ["**Smoke run (--quick) on a slice of the data: not a measurement.**", ""] \
+        if result.get("quick") else []
+    lines += [
+        f"Fashion-MNIST ({result['train_images']:,} train, {result['test_images']:,} test "
+        f"images), {epochs} epoch{'' if epochs == 1 else 's'} each, compact28 on both sides; "
+        f"`turbotrain train` with its defaults ({settings(result['turbotrain'])}) against a "
+        f"plain PyTorch script ({settings(result['plain_pytorch'])}, per-sample torchvision "
+        "transforms, DataLoader workers). Seconds to target: from the start of training, data "
+        "loading and evaluation included, to the end of the first evaluation at the target.", "",
+        *common.md_table(["run", f"seconds to {target:.0%}", "epochs", "final accuracy",
+                          "s per epoch", "train images/s", "process s", "prepare s"],
+                         runs + ([row("plain PyTorch, a user's recipe", user)] if user else [])),
+        f"Speedup: **{common.times(result['speedup']) or 'n/a'}** (goal >= {GOAL:g}x); counting "
+        f"the one-off prepare: {common.times(result['speedup_with_prepare']) or 'n/a'}; per "
+        f"epoch (after the first): {common.times(result['speedup_per_epoch']) or 'n/a'}. The "
+        "plain script runs the trainer's recipe, so that only the engineering differs.", ""]
+    if user:
+        bound = "at least " if result.get("speedup_vs_user_recipe_is_lower_bound") else ""
+        reached = "reached" if user.get("seconds_to_target") is not None else "did not reach"
+        lines += [f"With a user's recipe instead ({user['settings'].get('recipe', 'Adam')}), "
+                  f"the same plain script {reached} {target:.0%} in {epochs} epochs (final "
+                  f"{common.percent(user.get('final_accuracy'))}): turbotrain is {bound}"
+                  f"{common.times(result.get('speedup_vs_user_recipe')) or 'n/a'} faster to the "
+                  "target (no goal: this is what the recipe is worth on top).", ""]
+    if result.get("plot"):
+        lines.append(f"![val accuracy against wall time](bench/results/{result['plot']})")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -111,9 +111,27 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_native_bf16": cpu_native_bf16(), "threads": args.threads,
         "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds,
         "host_memory_kept": host_memory_kept,
-        "load_average": os.getloadavg(), "torch": torch.__version__, "results": results})
+        "results": results})
     print(f"wrote {RESULTS}")
     return 0
+
+
+def markdown(result: dict) -> str:
+    """bench/results/train_precision.json as BENCHMARKS.md shows it (bench/report.py joins
+    them)."""
+    return "\n".join([
+        f"The trainer's step (uint8 stem, label-smoothed loss, Nesterov SGD) on data already in "
+        f"memory: {result['threads']} torch threads, batch {result['batch_size']}, "
+        f"{result['steps']} timed steps, best of {result['rounds']} rounds; CPU with native "
+        f"bf16: {result['cpu_native_bf16']}. No numeric goal: these numbers are why `train` "
+        "picks bf16 + channels_last on such CPUs.", "",
+        *common.md_table(["model", "px", "precision", "memory format", "images/s",
+                          "vs fp32 contiguous"],
+                         [[r["model"], r["image_size"], r["precision"],
+                           "channels_last" if r["channels_last"] else "contiguous",
+                           common.decimal(r["images_per_second"]),
+                           common.times(r["speedup_vs_fp32_contiguous"])]
+                          for r in result["results"]])])
 
 
 if __name__ == "__main__":

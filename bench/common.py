@@ -7,8 +7,9 @@
   neighbour hurts all alike, and the best round counting.
 * `ratio_goal`, `command_line`, `write_results`: what every result file holds besides its
   numbers: its goals (bench/report.py reads them from the JSON, never from a copy of its
-  own), the exact command, when it was measured and on which machine (`machine`), and the
-  JSON itself.
+  own), the exact command, when it was measured and on which machine (`machine`: CPU, SIMD
+  and bf16/AMX flags, cores, RAM, torch, Python, the load average at the script's start and
+  at its end, the commit), and the JSON itself. The one place a result file is written.
 
 Scripts import it as `common` (bench/ is the script's folder, hence first on sys.path).
 """
@@ -134,17 +135,6 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return " ".join(["python", f"bench/{Path(script).name}", *args])
 
 
-def simd(flags: frozenset[str]) -> str:
-    """The CPU's widest vector instructions: they change what a decode and a training step
-    cost (`train` picks bf16 only on avx512_bf16 or AMX), so rates from two boxes that differ
-    here do not compare."""
-    if "avx512f" in flags:
-        extras = [name for flag, name in (("avx512_bf16", "bf16"), ("amx_tile", "AMX"))
-                  if flag in flags]
-        return " + ".join(["AVX-512", *extras])
-    return "AVX2 without AVX-512" if "avx2" in flags else "no AVX2"
-
-
 def gpu_name() -> str | None:
     """The first GPU's name: torch's, when this process has torch loaded (never imported
     here: a script's parent process may not need it), else the NVIDIA driver's."""
@@ -162,23 +152,60 @@ def gpu_name() -> str | None:
     return None
 
 
+# The CPU flags a rate depends on: vector width, bf16 math, AMX tiles (the machine block keeps
+# these, not /proc/cpuinfo's ~100).
+RATE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+
+
+def _load_text() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+# The load average when the script started: every benchmark imports this module first thing, so
+# this is its "before" (the machine block adds the one at writing as its "after").
+LOAD_AT_START = _load_text()
+
+
+def git_commit() -> str | None:
+    """The commit the benchmark ran on, "+dirty" when the tree had uncommitted changes; None
+    outside a git checkout."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True,
+                                  text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+    commit = git("rev-parse", "--short=12", "HEAD")
+    if commit is None:
+        return None
+    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def machine() -> dict:
-    """The machine this process runs on, as a result file records it (BENCHMARKS.md names it
-    in the section; the Machines table lists each one once)."""
+    """The machine block every result file carries, recorded by the script that measured it
+    (write_results): what changes a rate (CPU, its vector flags, cores, RAM, GPU, torch,
+    Python), the load average when the script started and when it wrote its results, and the
+    commit. BENCHMARKS.md names the machine in each section and lists each one once."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from turbotrain.host import available_cores, cpu_info  # no torch
+    from turbotrain.host import available_cores, cpu_info, isa_name, total_ram  # no torch
     try:
         from importlib.metadata import version
         torch_version = version("torch")
     except Exception:  # noqa: BLE001 - absent or broken metadata: say unknown
         torch_version = "unknown"
     cpu = cpu_info()
+    ram = total_ram()
     return {"cpu": cpu.model or platform.processor() or "unknown", "cores": available_cores(),
-            "simd": simd(cpu.flags) if cpu.read else None, "gpu": gpu_name(),
+            "simd": isa_name(cpu.flags) if cpu.read else None,
+            # as torch can use them: ONEDNN_MAX_CPU_ISA, when set, hides those above it
+            "flags": [f for f in RATE_FLAGS if f in cpu.flags] if cpu.read else None,
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+            "ram_gib": None if ram is None else round(ram / 2**30, 1), "gpu": gpu_name(),
             "torch": torch_version, "python": platform.python_version(),
-            "platform": platform.platform(),
-            "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg())}
+            "platform": platform.platform(), "commit": git_commit(),
+            "load_before": LOAD_AT_START, "load_after": _load_text()}
 
 
 def write_results(path: Path, result: dict) -> Path:
@@ -189,3 +216,43 @@ def write_results(path: Path, result: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(stamped, indent=2, default=str) + "\n")
     return path
+
+
+# -- what every benchmark's markdown(result) formats its table with --------------------------------
+def md_table(headers: list[str], rows: list[list]) -> list[str]:
+    """A markdown table's lines, then a blank one; None shows as "-"."""
+    def cell(value) -> str:
+        return "-" if value is None else str(value).replace("|", "\\|")
+    return ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|",
+            *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows), ""]
+
+
+def rate(value: float | None) -> str | None:
+    return None if value is None else f"{value:,.0f}"
+
+
+def times(value: float | None) -> str | None:
+    return None if value is None else f"{value:.2f}x"
+
+
+def percent(value: float | None) -> str | None:
+    return None if value is None else f"{value:.2%}"
+
+
+def decimal(value: float | None, places: int = 1) -> str | None:
+    return None if value is None else f"{value:.{places}f}"
+
+
+def run_error(runs: list[dict]) -> str:
+    """What a contender without a rate shows: its last run's error."""
+    errors = [r.get("error") for r in runs if r.get("error")]
+    return f"failed: {errors[-1]}" if errors else "no result"
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display): for the plots a script draws beside
+    its result file."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt

@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"device": where, "torch": torch.__version__, "settings": settings.__dict__,
               "engines": report.engines, "rows": report.rows, "checks": report.checks,
               "notes": report.notes, **report.extra, "seconds": seconds,
-              "pipeline_goal": GOAL}  # report.py's verdict on the rows
+              "pipeline_goal": GOAL}  # the share of the bound each row must reach
     if args.all:
         result["goals"] = gpu_all.goals(result, report.rows)
         print("\n" + "\n".join(gpu_all.mode_lines(result) + gpu_all.goal_lines(result["goals"])))
@@ -391,6 +391,33 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; FAILED checks: {', '.join(failed)}" if failed else ""))
     tests_failed = args.all and (result.get("tests") or {}).get("returncode") not in (0, None)
     return 1 if failed or tests_failed else 0
+
+
+def markdown(result: dict) -> str:
+    """bench/results/gpu_check.json as BENCHMARKS.md shows it (bench/report.py joins them);
+    plain words when it holds only the CPU smoke run."""
+    settings = result["settings"]
+    if settings.get("device") != "cuda":
+        return "**Not measured** on a GPU: gpu_check.json holds only the CPU smoke run."
+    rows = []
+    for r in result["rows"]:
+        share = r.get("of_bound")
+        low = share is not None and share < GOAL and not r["pipeline"].startswith("synthetic")
+        rows.append([r["pipeline"], common.rate(r.get("alone")), common.rate(r.get("train")),
+                     common.percent(share), f"failed: {r['error']}" if r.get("error") else
+                     f"< {GOAL:.0%}" if low else ""])
+    lines = [f"{result['device']}, torch {result['torch']}: {settings['model']} training at "
+             f"{settings['image_size']} px, batch {settings['batch_size']} (bf16, channels_last, "
+             "torch.compile) fed by each pipeline, against the same step on a synthetic batch "
+             "already on the GPU.", "",
+             *common.md_table(["pipeline", "loader alone (images/s)", "training (images/s)",
+                               "of synthetic bound", ""], rows)]
+    if result.get("checks"):
+        lines += common.md_table(["check", "result", "detail"],
+                                 [[c["check"], "ok" if c["ok"] else "**FAILED**", c["detail"]]
+                                  for c in result["checks"]])
+    lines += [f"- {note}" for note in result.get("notes", [])]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

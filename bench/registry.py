@@ -3,20 +3,18 @@
 `BENCHMARKS` is what `run_all.py` runs, in this order, and what `report.py` renders into
 BENCHMARKS.md, one section each, in the same order. A benchmark's name is the stem of its
 `bench/results/NAME.json`, its `run_all.py --only NAME`, and its `## NAME` in bench/NOTES.md.
-Adding one: a script that writes bench/results/NAME.json through `common.write_results`, a row
-here, and a renderer in report.py marked `@renders("NAME")` (the tests fail on a row without
-one).
+Adding one: a script that writes bench/results/NAME.json through `common.write_results` and
+has a `markdown(result) -> str` function (its section's table), and a row here.
 
 Not benchmarks of their own: gpu_all.py, gpu_sources.py and gpu_train.py are parts of
 gpu_check.py; bf16_probe.py is `make bf16-probe`, a diagnosis with no section; common.py is
 what the scripts share.
 
 `CONTENDERS` names every input pipeline (and whole training script) the tables set side by
-side, once, with whose code it is. A contender named after one of our
-pipelines (`pytorch`, `resident`, `dali`, `ffcv`, as `--pipeline` takes them) is that
-turbotrain pipeline; another library used directly, as its own documentation shows, is
-`plain_LIBRARY` (`plain_ffcv` is FFCV's Loader with its own decoder; `ffcv` is our pipeline
-that runs FFCV's Loader inside). BENCHMARKS.md lists them in its Contenders table.
+side, once, with whose code it is: a name of ours (`pytorch`, `resident`, `dali`, `ffcv`, as
+`--pipeline` takes them) is that turbotrain pipeline; `plain_LIBRARY` is another library used
+directly, as its own documentation shows (`plain_ffcv` is FFCV's Loader with its own decoder;
+`ffcv` is our pipeline that runs FFCV's Loader inside).
 """
 from __future__ import annotations
 
@@ -51,7 +49,7 @@ BENCHMARKS = (
     Benchmark("prepare_ray", "bench_prepare_ray.py",
               "Conversion on Ray: --engine ray vs --engine local on one machine (issue 34)"),
     Benchmark("pipelines", "bench_pipelines.py",
-              "Input pipelines: ours vs FFCV, DALI, torchvision"),
+              "Input pipelines: ours vs FFCV, DALI, SPDL, torchvision"),
     Benchmark("kernel", "bench_kernel.py",
               "The compiled decode kernel: beside a busy thread, per stage"),
     Benchmark("engines", "bench_engines.py",
@@ -77,14 +75,6 @@ BENCHMARKS = (
               needs_cuda=True),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
-
-
-def benchmark(name: str) -> Benchmark:
-    """The benchmark called `name`; an unknown name is a KeyError listing the names."""
-    try:
-        return BY_NAME[name]
-    except KeyError:
-        raise KeyError(f"no benchmark {name!r}; the benchmarks: {', '.join(BY_NAME)}") from None
 
 
 @dataclass(frozen=True)
@@ -119,6 +109,10 @@ CONTENDERS = {
     "plain_torchvision": Contender("torchvision", "ImageFolder + PIL transforms + DataLoader, "
                                                   "stock pillow"),
     "plain_torchvision_simd": Contender("torchvision", "the same with pillow-simd"),
+    "plain_torchvision_decode_jpeg": Contender("torchvision", "torchvision.io.decode_jpeg on "
+                                                              "each batch's bytes, v2 transforms"),
+    "plain_spdl": Contender("SPDL", "SPDL's PipelineBuilder: FFmpeg decode with a crop + scale "
+                                   "filter, threads"),
     "plain_torchvision_nvjpeg": Contender("torchvision", "torchvision's batched nvJPEG decode "
                                                          "on the GPU"),
     "plain_pytorch": Contender("PyTorch", "a plain PyTorch training script: torchvision "

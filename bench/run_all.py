@@ -15,8 +15,10 @@ bench/results/run_all.json, and BENCHMARKS.md says so. Run it on a quiet machine
 benchmarks time wall-clock work on every core. It took 9 min 48 s on the 2-core dev box
 (`time make bench`, data cached; the plain-PyTorch side of time_to_accuracy is the longest
 single run) before bench_order.py (2 min 7 s), bench_remote.py (~16 s) and bench_demo.py
-(~6 min) joined it: about 18 min now, plus a few minutes the first time, when
-bench_pipelines.py and bench_order.py (2 GiB) generate their cached data.
+(~6 min) joined it: about 18 min, plus a few minutes the first time, when
+bench_pipelines.py and bench_order.py (2 GiB) generate their cached data; issue 44's SPDL and
+decode_jpeg contenders (bench_pipelines.py: three more children a round; bench_kernel.py: two
+more busy probes) are not in that time yet. Each script's own seconds go into run_all.json.
 """
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ longer. A module's tests stay together, so that its module-scoped fixture is set
 slow tests alone first split test_ddp and ran its 46 s two-rank fixture twice)."""
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -22,6 +23,20 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 NO_GPU = ("needs a CUDA GPU (torch.cuda.is_available() is False); on a GPU machine run "
           "`make gpu-check` or `pytest -m cuda`")
+
+
+def pytest_report_header(config):
+    """The box's ISA first: the training tests run in bf16 only on avx512_bf16/AMX, in fp32 on
+    an AVX2-only box, where the suite takes ~2.5x as long (21 min against 8.5 on AMX, issue 44);
+    and which installs may not be missing here (tests/expect.py)."""
+    from tests import expect
+    from turbotrain.host import cpu_info, isa_name
+    cpu = cpu_info()
+    isa = isa_name(cpu.flags) if cpu.read else "unknown (no /proc/cpuinfo)"
+    forced = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    expected = ",".join(sorted(expect.expected())) or "none (a missing install skips its tests)"
+    return [f"ISA: {isa}, {cpu.model}" + (f" (ONEDNN_MAX_CPU_ISA={forced})" if forced else ""),
+            f"{expect.ENV}: {expected}"]
 
 
 def pytest_collection_modifyitems(config, items):

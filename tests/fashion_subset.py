@@ -6,12 +6,13 @@ from pathlib import Path
 
 import numpy as np
 
-FASHION = Path("/usr/share/datasets/fashion-mnist")
+from tests.expect import FASHION_MNIST as FASHION
+from tests.expect import need
 
 
 def prepare_fashion_subset(root: Path, train_images: int, val_images: int) -> Path:
     """Writes root/subset.npz and prepares it into root/data; returns root/data."""
-    assert FASHION.is_dir(), "apt-get install dataset-fashion-mnist (CI installs it)"
+    need("fashion_mnist")  # fails where TURBOTRAIN_EXPECT names it (make test, CI)
     from turbotrain.cli import main as turbotrain_main
     from turbotrain.datasets.sources.detect import detect_source
     source = detect_source(FASHION)

@@ -64,8 +64,20 @@ class CpuInfo:
     read: bool  # False off Linux: /proc/cpuinfo could not be read, so `flags` says nothing
 
 
-def cpu_info(path: str = "/proc/cpuinfo") -> CpuInfo:
-    """The CPU's model name and feature flags: the one reader of /proc/cpuinfo."""
+# ONEDNN_MAX_CPU_ISA caps the instructions oneDNN (torch's CPU convolutions and matmuls) uses:
+# the flag prefixes it then leaves unused. Under AVX2 a bf16 step is emulated (slower than
+# fp32), so the plan must see no bf16 there; it is also how an AVX-512 box stands in for an
+# AVX2-only one (the test suite's fp32 training, issue 44).
+_ONEDNN_UNUSED = {"AVX2": ("avx512", "amx"), "AVX2_VNNI": ("avx512", "amx"),
+                  "AVX2_VNNI_2": ("avx512", "amx"), "AVX512_CORE": ("avx512_bf16", "amx"),
+                  "AVX512_CORE_VNNI": ("avx512_bf16", "amx"), "AVX512_CORE_BF16": ("amx",),
+                  "AVX512_CORE_FP16": ("amx",)}
+
+
+def cpu_info(path: str = "/proc/cpuinfo", onednn_cap: str | None = None) -> CpuInfo:
+    """The CPU's model name and the feature flags torch can use: the one reader of
+    /proc/cpuinfo. The flags above `onednn_cap` (default: the ONEDNN_MAX_CPU_ISA variable)
+    are left out."""
     try:
         text = Path(path).read_text()
     except OSError:
@@ -80,4 +92,32 @@ def cpu_info(path: str = "/proc/cpuinfo") -> CpuInfo:
             flags = frozenset(value.split())
         if model and flags:
             break
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") if onednn_cap is None else onednn_cap
+    unused = _ONEDNN_UNUSED.get((cap or "").upper(), ())
+    flags = frozenset(f for f in flags if not f.startswith(unused)) if unused else flags
     return CpuInfo(model or "unknown", flags, bool(text))
+
+
+def isa_name(flags: frozenset[str]) -> str:
+    """The CPU's widest vector instructions, in words: they change what a decode and a training
+    step cost (`train` picks bf16 only on avx512_bf16 or AMX: the suite took 21 min on an
+    AVX2-only box against 8.5 on an AMX one, issue 44), so rates and suite times from two boxes
+    that differ here do not compare. The one name: bench/common.py's machine block and the
+    test header use it."""
+    if "avx512f" in flags:
+        extras = [name for flag, name in (("avx512_bf16", "bf16"), ("amx_tile", "AMX"))
+                  if flag in flags]
+        return " + ".join(["AVX-512", *extras])
+    return "AVX2 without AVX-512" if "avx2" in flags else "no AVX2"
+
+
+def total_ram() -> int | None:
+    """Bytes of RAM the machine has (MemTotal), None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -85,14 +85,13 @@ def split(request, photo_path, small_path):
 
 
 def build(name: str, dataset, **options):
-    """build_pipeline, where "unavailable" fails the test unless the reason is a missing GPU:
-    a registered pipeline must run on every machine the tests run on."""
+    """build_pipeline, where "unavailable" fails the test: every registered pipeline runs on a
+    CPU, and a test that asks for CUDA is marked `cuda` (skipped without a GPU). An error that
+    merely mentions CUDA (a broken DALI import) is a failure too, not a skip."""
     options.setdefault("device", torch.device("cpu"))
     try:
         return build_pipeline(name, dataset, **options)
     except PipelineUnavailable as e:
-        if "cuda" in str(e).lower() or "gpu" in str(e).lower():
-            pytest.skip(f"{name} needs CUDA here: {e}")
         pytest.fail(f"registered pipeline {name!r} is unavailable on this machine: {e}")
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests import expect
 from turbotrain.datasets import open_dataset
 from turbotrain.datasets.beton import layout
 from turbotrain.datasets.beton.writer import BetonWriter
@@ -18,8 +19,8 @@ from turbotrain.pipeline.order import SampleOrder
 from .conftest import build, photo_image, run_epoch, small_images
 from .test_parity import reference, write_mixed_split
 
-# No importorskip: DALI is installed by `make install` and CI, so a missing DALI must fail.
-import nvidia.dali  # noqa: E402,F401
+# make install and CI install DALI: missing there, this module fails (tests/expect.py).
+expect.module("nvidia.dali", install="dali")
 from turbotrain.pipeline.dali import DaliPipeline  # noqa: E402
 from turbotrain.pipeline.dali_graph import CROP_DALI  # noqa: E402
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests import expect
 from turbotrain.datasets import open_dataset
 from turbotrain.pipeline import PipelineError, PipelineOptions, PipelineUnavailable, augment
 from turbotrain.pipeline.order import SampleOrder
@@ -18,8 +19,8 @@ from turbotrain.pipeline.order import SampleOrder
 from .conftest import run_epoch
 from .test_parity import reference, write_mixed_split
 
-# No importorskip: FFCV is installed by `make install` and CI, so a missing FFCV must fail.
-import ffcv  # noqa: E402,F401
+# make install and CI install FFCV: missing there, this module fails (tests/expect.py).
+expect.module("ffcv")
 from turbotrain.pipeline.ffcv import FfcvPipeline  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("child_processes")]

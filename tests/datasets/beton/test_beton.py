@@ -174,7 +174,7 @@ def test_samples_never_cross_pages(tmp_path):
 def test_a_split_is_a_map_style_dataset_for_torch_dataloader(tmp_path):
     """split[i] is (decoded image, label), so torch's DataLoader indexes a split as it is, in
     worker processes too (the split pickles without its maps); past the end is IndexError."""
-    torch = pytest.importorskip("torch")
+    import torch
     path = tmp_path / "raw.beton"
     images = [np.full((8, 8, 3), 10 * i, np.uint8) for i in range(6)]
     with BetonWriter(path, capacity=6) as w:

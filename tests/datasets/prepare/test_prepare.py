@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests import expect
+from tests.expect import FASHION_MNIST as FASHION
 from turbotrain.datasets import open_dataset
 from turbotrain.datasets.synthetic import write_shapes_imagefolder
 
 pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
-
-FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 
 def cli(*args, check=None, timeout=240):
@@ -169,7 +169,7 @@ def test_cifar_tar_gz_raw_exact(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_fashion_mnist_real_files(tmp_path):
-    assert FASHION.is_dir(), "apt-get install dataset-fashion-mnist (CI installs it)"
+    expect.need("fashion_mnist")
     out = tmp_path / "fmnist"
     cli("prepare", FASHION, out, check=0)
     train, val = open_dataset(out, "train"), open_dataset(out, "val")

@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from tests import expect
+from tests.expect import FASHION_MNIST as FASHION
 
 from ..conftest import REPO
 
 pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
-
-FASHION = Path("/usr/share/datasets/fashion-mnist")
 
 
 def turbotrain(*args, timeout):
@@ -28,7 +28,7 @@ def turbotrain(*args, timeout):
 @pytest.mark.slow
 @pytest.mark.timeout(560)
 def test_fashion_mnist_reaches_88_percent_in_2_epochs(tmp_path):
-    assert FASHION.is_dir(), "apt-get install dataset-fashion-mnist (CI installs it)"
+    expect.need("fashion_mnist")
     data = tmp_path / "fashion"
     turbotrain("prepare", FASHION, data, timeout=120)
     out = tmp_path / "run"

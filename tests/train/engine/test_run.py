@@ -10,6 +10,8 @@ import torch
 
 from turbotrain.pipeline import pipeline_names
 
+from tests import expect
+
 from ..conftest import FAST, read_jsonl
 
 SUMMARY_KEYS = {"val_accuracy", "val_loss", "epochs", "steps", "images_per_second",
@@ -257,7 +259,7 @@ def test_other_trainers_names_of_our_flags_run(train_cli, tiny_dataset, tmp_path
 
 
 def test_a_timm_model_with_a_weights_tag_trains(train_cli, tiny_dataset, tmp_path):
-    pytest.importorskip("timm")
+    expect.need("timm")
     out = tmp_path / "run"
     code, stdout, err = train_cli("--data", tiny_dataset, "--out", out, "--epochs", 1,
                                   "--max-steps", 1, "--batch-size", 8, "--model",

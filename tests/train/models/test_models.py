@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests import expect
 from turbotrain.train.errors import TrainError
 from turbotrain.train.models.models import (InputStem, build_model,
                                             deterministic_global_pools, get_model_spec, model_names)
@@ -178,7 +179,7 @@ def test_deterministic_backward_on_cuda(name, monkeypatch):
 def test_timm_names_with_a_weights_tag_are_accepted():
     """timm.create_model takes `arch.tag` (the tag picks the weights and their config), which
     timm.list_models() does not list: `timm:resnet18.a1_in1k` builds as timm builds it."""
-    pytest.importorskip("timm")
+    expect.need("timm")
     spec = get_model_spec("timm:resnet18.a1_in1k")
     assert spec.name == "timm:resnet18.a1_in1k" and spec.family == "timm" and spec.conv
     net = build_model(spec, num_classes=3).net
@@ -196,7 +197,7 @@ def test_timm_names_with_a_weights_tag_are_accepted():
     ("timm:local-dir:/no/such/folder", "no config.json in /no/such/folder"),
 ])
 def test_names_timm_would_refuse_are_one_line(name, says):
-    pytest.importorskip("timm")
+    expect.need("timm")
     with pytest.raises(TrainError) as exc:
         get_model_spec(name)
     assert says in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
@@ -205,7 +206,7 @@ def test_names_timm_would_refuse_are_one_line(name, says):
 def test_an_hf_hub_model_is_read_from_the_cache_only(tmp_path, monkeypatch):
     """`timm:hf-hub:ID` is a name timm takes; its config.json comes from the Hugging Face cache
     (the hub set offline: no download, no retries), and a missing one is one line."""
-    pytest.importorskip("timm")
+    expect.need("timm")
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
     spec = get_model_spec("timm:hf-hub:timm/resnet18.a1_in1k")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import time
 
@@ -10,6 +9,7 @@ import PIL
 import pytest
 import torch
 
+from tests import expect
 from tests.datasets.cli_run import cli as run_cli
 from turbotrain.train.engine import batch_finder as bf
 from turbotrain.train.tools.info_facts import pillow_build
@@ -170,8 +170,7 @@ def test_info_says_what_train_pipeline_dali_does_on_a_cpu(tiny_dataset, tmp_path
     """info said dali was unavailable on a CPU while `train --pipeline dali` trained there (its
     CPU-only path). Both commands, in child processes: info now says it is usable by name and
     why auto skips it, and the named run trains."""
-    if importlib.util.find_spec("nvidia.dali") is None:
-        pytest.skip("DALI is not installed")
+    expect.need("dali")
     done = run_cli("info", "--data", tiny_dataset, "--json")
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
