@@ -23,12 +23,13 @@ GROUPS = {
     "weights": "Starting from weights (fine-tuning)",
     "optim": "Optimisation",
     "augment": "Augmentation and regularisation (off or torchvision's ranges by default)",
+    "eval": "Evaluation (test-time resolution and flip augmentation)",
     "runtime": "Device, precision and threads",
     "dist": "Several processes (under torchrun)",
     "run": "Run folder, checkpoints and logging",
 }
 # Flags whose value is not shown well by its type's name.
-METAVARS = {"time_budget": "DURATION", "target_accuracy": "A"}
+METAVARS = {"time_budget": "DURATION", "target_accuracy": "A", "eval_res": "PX"}
 
 
 # ---------------------------------------------------------------------------- values

@@ -264,7 +264,8 @@ class Trainer:
                 self._write_epoch_record({})
             return
         result = evaluate(run.model, run.val_pipeline, device=run.device,
-                          precision=run.precision, channels_last=run.channels_last, env=run.env)
+                          precision=run.precision, channels_last=run.channels_last, env=run.env,
+                          tta=run.config.tta)
         c.eval_seconds += result.pop("eval_seconds")
         c.val = result
         c.last_eval_step = c.step
@@ -335,7 +336,7 @@ class Trainer:
         if run.ema is not None and run.val_pipeline is not None:
             ema_eval = evaluate(run.ema.module, run.val_pipeline, device=run.device,
                                 precision=run.precision, channels_last=run.channels_last,
-                                env=run.env)
+                                env=run.env, tta=run.config.tta)
             ema_result = {"ema_val_loss": ema_eval["val_loss"],
                           "ema_val_accuracy": ema_eval["val_accuracy"],
                           "ema_val_top5": ema_eval["val_top5"]}
