@@ -42,6 +42,8 @@ def run_summary(run: Run, c: Counters, ledger: StepLedger, *, outcome: str,
         "world_size": run.env.world_size, "global_batch_size": run.global_batch,
         "peak_memory_bytes": peak_memory_bytes(run.device),
         "model": config.model, "image_size": config.image_size,
+        # How the evaluations ran (plan/eval_rules.py): eval_seconds above is their cost.
+        "eval_res": config.eval_res, "tta": config.tta, "blurpool": config.blurpool,
         "batch_size": config.batch_size, "accum_steps": config.accum_steps,
         "lr": config.lr, "optimizer": config.optimizer,
         "workers": run.threads.workers, "torch_threads": run.threads.torch_threads,

@@ -358,6 +358,8 @@ class Trainer:
         summary.update(length["entries"])
         if self.main:
             lines = length["lines"] + (diagnosis.lines() if diagnosis is not None else [])
+            if run.val_pipeline is not None:
+                lines.append(_evaluation_line(summary))
             for line in lines + [f"wrote {path}" for path in monitor_files]:
                 print(line, flush=True)
             write_summary(run.run_dir, summary)
@@ -368,6 +370,15 @@ class Trainer:
                   + (f", {rate:,.0f} images/s" if rate is not None else "")
                   + f", {summary['wall_seconds']:.0f} s; results in {run.run_dir}", flush=True)
         return summary
+
+
+def _evaluation_line(summary: dict) -> str:
+    """What the evaluations cost: their resolution, flip TTA (2 forward passes per image) and
+    time, against the run's."""
+    tta = ", flip TTA (2 forward passes per image)" if summary["tta"] else ", no TTA"
+    share = summary["eval_seconds"] / max(summary["wall_seconds"], 1e-9)
+    return (f"evaluation: at {summary['eval_res']} px (training {summary['image_size']} px)"
+            f"{tta}: {summary['eval_seconds']:.1f} s in all, {share:.0%} of the run")
 
 
 def train(config: TrainConfig) -> dict:

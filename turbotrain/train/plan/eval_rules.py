@@ -47,14 +47,14 @@ def eval_resolution(asked: int | None, *, train_size: int, small: bool,
     if not any_size:
         return Decision(train_size, "the training size: the model is built for one input "
                         "size")
-    size = test_time_size(train_size)
+    size = eval_size_for(train_size)
     return Decision(size, f"{EVAL_RES_FACTOR:g}x the {train_size} px training size, rounded "
                     f"to {EVAL_RES_STEP} px (FFCV 192 -> 256, Composer 176 -> 232): "
                     "random-resized crops make objects look larger in training than in a centre "
                     "crop of the same size")
 
 
-def test_time_size(train_size: int) -> int:
+def eval_size_for(train_size: int) -> int:
     """EVAL_RES_FACTOR x `train_size`, to the nearest multiple of EVAL_RES_STEP, never below
     `train_size`."""
     return max(train_size, EVAL_RES_STEP * round(EVAL_RES_FACTOR * train_size / EVAL_RES_STEP))
@@ -72,3 +72,11 @@ def flip_tta(asked: bool | None, *, train_family: str) -> Decision:
                         "averaged with its mirror's (2 forward passes: the evaluation's model "
                         "time doubles)")
     return Decision(False, "training drew no flips")
+
+
+def eval_work(train_size: int, eval_size: int | None, tta: bool | None) -> float:
+    """One val image's model work against one at the training size without TTA: forward passes
+    x pixels (a --time-budget predicts the first evaluation's time with it, before one is
+    measured)."""
+    side = train_size if eval_size is None else eval_size
+    return (2.0 if tta else 1.0) * (side / train_size) ** 2
