@@ -306,6 +306,12 @@ def render_time_to_accuracy(data: dict, where: Where) -> Body:
     return body
 
 
+@renders("levers")
+def render_levers(data: dict, where: Where) -> Body:
+    from bench_levers import render  # the table lives beside its script
+    return Body(render(data), recorded_goals(data, "levers"))
+
+
 @renders("ddp")
 def render_ddp(data: dict, where: Where) -> Body:
     rows = []
