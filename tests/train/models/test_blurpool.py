@@ -6,11 +6,15 @@ import pytest
 import torch
 from torch import nn
 
+from turbotrain.train.config.config import TrainConfig
 from turbotrain.train.errors import TrainError
 from turbotrain.train.models.blurpool import (BlurConv2d, BlurMaxPool2d, _blur_filter,
                                               apply_blurpool)
 from turbotrain.train.models.models import build_model, get_model_spec
+from turbotrain.train.plan import PRESETS, plan
 from turbotrain.train.weights.weights import ModelCard, load_classifier, save_weights
+
+from ..plan.test_plan import PHOTOS
 
 
 def _blurred(net):
@@ -86,3 +90,10 @@ def test_a_weights_file_rebuilds_blurpool_from_its_card(tmp_path):
     images = torch.randint(0, 256, (2, 3, 28, 28), dtype=torch.uint8)
     with torch.no_grad():
         torch.testing.assert_close(loaded(images), model(images))
+
+
+def test_the_plan_builds_the_run_with_blurpool_only_when_asked():
+    for asked, count in ((True, 7), (False, 0)):
+        p = plan(TrainConfig(data="DATA", model="resnet18", blurpool=asked), PHOTOS,
+                 PRESETS["h200"])
+        assert len(_blurred(p.spec.build(10))) == count

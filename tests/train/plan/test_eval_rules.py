@@ -18,7 +18,7 @@ CPU2, H200 = PRESETS["cpu2"], PRESETS["h200"]
 
 @pytest.mark.parametrize("train, want", [
     # 1.3 x train to the nearest 16: the anchors' pairs come out (FFCV 192 -> 256, timm and
-    # FixRes 224 -> 288, Composer 176 -> 232 ~ 224), and the benchmark's 112 / 128 px.
+    # FixRes 224 -> 288, Composer 176 -> 224), and the benchmark's 112 / 128 px.
     (64, 80), (112, 144), (128, 160), (160, 208), (176, 224), (192, 256), (224, 288),
     (256, 336), (8, 16)])
 def test_the_eval_size_is_1_3x_rounded_to_16(train, want):

@@ -21,8 +21,10 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("child_processes
 
 # 96 px pictures (above the small-image limit: random-resized crops), trained at 48 px:
 # evaluated at 1.3 x 48 = 62.4 -> 64 px.
+# With --blurpool: the card must say so, for eval to rebuild the net that logged the accuracy.
 RUN = ["--image-size", "48", "--model", "compact28", "--epochs", "1", "--batch-size", "32",
-       "--threads", "1", "--workers", "1", "--pipeline", "pytorch", "--log-every", "1"]
+       "--threads", "1", "--workers", "1", "--pipeline", "pytorch", "--log-every", "1",
+       "--blurpool"]
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +45,12 @@ def test_the_eval_pipeline_gets_the_eval_size():
 def test_a_run_evaluates_at_its_eval_res_with_tta_and_its_card_says_so(photo_run):
     _, run = photo_run
     summary = json.loads((run / "summary.json").read_text())
-    assert (summary["image_size"], summary["eval_res"], summary["tta"]) == (48, 64, True)
+    assert (summary["image_size"], summary["eval_res"], summary["tta"], summary["blurpool"]) \
+        == (48, 64, True, True)
     assert summary["decisions"]["eval_res"].startswith("64: 1.3x the 48 px")
     _, card = read_weights(run / BEST_NAME)
-    assert (card.image_size, card.eval_size, card.input_size, card.tta) == (48, 64, 64, True)
+    assert (card.image_size, card.eval_size, card.input_size, card.tta, card.blurpool) == \
+        (48, 64, 64, True, True)
     assert "64x64" in card.preprocessing["photos"] and "mirror" in card.preprocessing["tta"]
 
 

@@ -3,12 +3,14 @@
 Test-time resolution (Touvron et al. 2019, "Fixing the train-test resolution discrepancy"):
 RandomResizedCrop trains on boxes of 8-100 % of the image's area scaled up to the training size,
 so objects look larger in training than in a centre crop at that same size. Evaluating at a
-higher resolution makes them look as large again. The anchors evaluate at about 1.3x the final
-training size: FFCV's ImageNet configs train up to 192 px and evaluate at 256 (1.33x), Composer's
-Mild ResNet-50 trains at 176 and evaluates at 232 (1.32x), torchvision's and timm's recent recipes
-176 -> 224 (1.27x) and 224 -> 288 (1.29x), FixRes' best ResNet-50 test size for 224 px training
-is 288 (1.29x). EVAL_RES_FACTOR takes 1.3, rounded to a multiple of EVAL_RES_STEP:
-112 -> 144, 128 -> 160, 160 -> 208, 176 -> 224, 192 -> 256, 224 -> 288.
+higher resolution makes them look as large again. The anchors evaluate at 1.27-1.33x the final
+training size: FFCV's ImageNet configs train up to 192 px and evaluate 256 px crops (1.33x),
+Composer's Mild ResNet-50 trains at 176 and evaluates 224 px crops of images resized to 232
+(1.27x), as torchvision's recent recipes do (176 -> 224); timm's 224 -> 288 (1.29x) is also
+FixRes' best ResNet-50 test size for 224 px training. EVAL_RES_FACTOR takes 1.3, rounded to a
+multiple of EVAL_RES_STEP: 112 -> 144, 128 -> 160, 160 -> 208, 176 -> 224, 192 -> 256,
+224 -> 288. Every size keeps the eval crop's rule (augment.eval_rule: the shorter side resized
+to size / 0.875, the centre size x size), as FFCV's CenterCropRGBImageDecoder(ratio=224/256).
 
 Small images (pad-crop training, CIFAR/MNIST-style) keep the training size: pad-and-crop shifts
 the picture by at most 2 px and never zooms, so objects are the same size in training and in
@@ -49,7 +51,7 @@ def eval_resolution(asked: int | None, *, train_size: int, small: bool,
                         "size")
     size = eval_size_for(train_size)
     return Decision(size, f"{EVAL_RES_FACTOR:g}x the {train_size} px training size, rounded "
-                    f"to {EVAL_RES_STEP} px (FFCV 192 -> 256, Composer 176 -> 232): "
+                    f"to {EVAL_RES_STEP} px (FFCV 192 -> 256, Composer 176 -> 224): "
                     "random-resized crops make objects look larger in training than in a centre "
                     "crop of the same size")
 
