@@ -133,13 +133,14 @@ def _run(args: argparse.Namespace) -> int:
     card = loaded.card
     print(printable(f"exported {out} ({args.format}, {how}) in "
                     f"{time.perf_counter() - started:.1f} s: images uint8 [batch, 3, "
-                    f"{card.image_size}, {card.image_size}] -> logits float32 "
+                    f"{card.input_size}, {card.input_size}] -> logits float32 "
                     f"[batch, {card.num_classes}]"))
     print(printable(f"checked on {where}: largest |logit difference| {difference:.3g} "
                     f"(tolerance {tolerance:.3g})"))
     rule = card.preprocessing  # also in the file's card, under "preprocessing"
     print(printable(f"preprocessing (the card's \"preprocessing\"): {rule['photos']}; "
-                    f"{rule['small images']}; {rule['input']}"))
+                    f"{rule['small images']}; {rule['input']}; test-time augmentation: "
+                    f"{rule['tta']}"))
     return 0
 
 
