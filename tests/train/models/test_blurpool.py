@@ -97,3 +97,23 @@ def test_the_plan_builds_the_run_with_blurpool_only_when_asked():
         p = plan(TrainConfig(data="DATA", model="resnet18", blurpool=asked), PHOTOS,
                  PRESETS["h200"])
         assert len(_blurred(p.spec.build(10))) == count
+
+
+@pytest.mark.cuda
+def test_blurpool_resnet18_compiles_and_trains_a_step_on_cuda():
+    """The trainer's CUDA path: channels_last, bf16 autocast, torch.compile; the compiled
+    net's logits match the eager net's, and a backward reaches the blurred convs' weights."""
+    torch.manual_seed(0)
+    model = build_model(get_model_spec("resnet18", blurpool=True), 10).cuda()
+    model = model.to(memory_format=torch.channels_last)
+    compiled = torch.compile(model)
+    images = torch.randint(0, 256, (8, 3, 128, 128), dtype=torch.uint8, device="cuda")
+    images = images.contiguous(memory_format=torch.channels_last)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        eager = model.eval()(images)
+        fast = compiled(images)
+        torch.testing.assert_close(fast.float(), eager.float(), atol=0.05, rtol=0.05)
+        model.train()
+        compiled(images).float().sum().backward()
+    blurred = [m for m in model.modules() if isinstance(m, BlurConv2d)]
+    assert blurred and all(m.weight.grad is not None for m in blurred)
