@@ -41,7 +41,13 @@ def test_blurpool_is_applied_where_it_applies_and_keeps_shapes_and_keys(name, si
                                         (nn.MaxPool2d(3, 2, 1), 56), (nn.MaxPool2d(3, 2, 1), 9)])
 def test_blur_max_pool_has_the_pools_output_size(pool, side):
     x = torch.randn(2, 16, side, side)
-    assert BlurMaxPool2d(pool)(x).shape == pool(x).shape
+    blurred = BlurMaxPool2d(pool)(x)
+    assert blurred.shape == pool(x).shape
+    # A stride-1 max, then the blur subsampling by the pool's stride.
+    maxed = nn.functional.max_pool2d(x, pool.kernel_size, stride=1, padding=pool.padding)
+    want = nn.functional.conv2d(maxed, _blur_filter(16), stride=pool.stride, padding=1,
+                                groups=16)
+    torch.testing.assert_close(blurred, want)
 
 
 @pytest.mark.parametrize("stride, kernel, side", [(2, 3, 16), (2, 1, 15), (2, 3, 7)])

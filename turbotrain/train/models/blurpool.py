@@ -73,12 +73,16 @@ class BlurMaxPool2d(nn.Module):
         self.kernel_size, self.stride = pool.kernel_size, pool.stride
         self.padding, self.dilation = pool.padding, pool.dilation
         self.ceil_mode = pool.ceil_mode
+        # One channel's filter, a buffer so that it moves with the module: the pool does not
+        # know its channel count, and building the filter in forward would copy it from the
+        # host at every step on CUDA. Expanded per call (a view, no copy).
+        self.register_buffer("blur_filter", _blur_filter(1), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(x, self.kernel_size, stride=1, padding=self.padding,
                          dilation=self.dilation, ceil_mode=self.ceil_mode)
-        weight = _blur_filter(x.shape[1]).to(device=x.device, dtype=x.dtype)
-        return F.conv2d(x, weight, stride=self.stride, padding=1, groups=x.shape[1])
+        channels = x.shape[1]
+        return blur(x, self.blur_filter.expand(channels, 1, 3, 3), stride=self.stride)
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
