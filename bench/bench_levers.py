@@ -25,6 +25,9 @@ Goals (issue 42): >= 1.5x on photos, >= 1.15x on Fashion-MNIST, final accuracy n
 than 0.3 pt. Each arm's evaluation time (summary.json eval_seconds) is recorded too: the cost of
 TTA and of the eval size.
 
+With `--blurpool-arm` the photos case has a third arm, the levers plus `--blurpool`: the
+measurement `--blurpool`'s default (off) waits for.
+
 Also the per-epoch cost of resnet50 at each size of an ImageNet ramp (RESNET50_SIZES, 160-224 px):
 `--steps` training steps of the trainer's StepEngine on random uint8 batches already on the
 device (bf16 autocast and channels_last where the trainer would, torch.compile on CUDA with its
@@ -158,27 +161,38 @@ def compare(fixed: dict, levers: dict) -> dict:
 
 
 def run_case(name: str, data: Path, flags: list[str], train_size: int, epochs: int,
-             rounds: int, progressive: bool, work: Path, timeout: float) -> dict:
+             rounds: int, progressive: bool, work: Path, timeout: float,
+             blurpool: bool = False) -> dict:
+    """Both arms (and with `blurpool` a third: the levers plus --blurpool, the measurement its
+    default waits for), alternating, and the paired comparison of each with the fixed arm."""
     base = [*flags, "--epochs", str(epochs)]
+    arms = {"levers": base, "fixed": [*base, *fixed_flags(train_size, progressive)]}
+    if blurpool:
+        arms["levers_blurpool"] = [*base, "--blurpool"]
     runs = common.interleaved(rounds, {
-        "levers": lambda: run_arm(data, work / f"{name}-levers", base, timeout),
-        "fixed": lambda: run_arm(data, work / f"{name}-fixed",
-                                 [*base, *fixed_flags(train_size, progressive)], timeout)},
+        arm: (lambda arm=arm: run_arm(data, work / f"{name}-{arm}", arms[arm], timeout))
+        for arm in arms},
         show=lambda r: r.get("error") or f"final {r['final_accuracy']:.2%} in "
                                          f"{r['curve'][-1][0]:.1f} s", alternate=True)
-    pairs = [compare(f, lv) for f, lv in zip(runs["fixed"], runs["levers"])]
-    measured = [p for p in pairs if "error" not in p]
-    speedups = [p["speedup"] for p in measured if p["speedup"] is not None]
-    differences = [p["accuracy_difference"] for p in measured]
     result = {"epochs": epochs, "train_size": train_size, "flags": flags,
-              "fixed_flags": fixed_flags(train_size, progressive), "rounds": pairs,
-              "levers": runs["levers"], "fixed": runs["fixed"],
-              # A round where the levers never reached the target counts as no speedup.
-              "speedup": statistics.median(speedups) if len(speedups) == len(measured)
-              and speedups else None,
-              "accuracy_difference": statistics.median(differences) if differences else None}
+              "fixed_flags": fixed_flags(train_size, progressive), **runs}
+    for arm in arms:
+        if arm == "fixed":
+            continue
+        pairs = [compare(f, other) for f, other in zip(runs["fixed"], runs[arm])]
+        measured = [p for p in pairs if "error" not in p]
+        speedups = [p["speedup"] for p in measured if p["speedup"] is not None]
+        differences = [p["accuracy_difference"] for p in measured]
+        prefix = "" if arm == "levers" else f"{arm}_"
+        result.update({
+            f"{prefix}rounds": pairs,
+            # A round where the arm never reached the target counts as no speedup.
+            f"{prefix}speedup": statistics.median(speedups)
+            if speedups and len(speedups) == len(measured) else None,
+            f"{prefix}accuracy_difference": statistics.median(differences)
+            if differences else None})
     result["eval_seconds"] = {arm: _median([r.get("eval_seconds") for r in runs[arm]])
-                              for arm in ("levers", "fixed")}
+                              for arm in arms}
     return result
 
 
@@ -255,7 +269,9 @@ def render(data: dict) -> list[str]:
         case = data.get(name)
         if not case:
             continue
-        for arm in ("levers", "fixed"):
+        for arm in ("levers", "fixed", "levers_blurpool"):
+            if arm not in case:
+                continue
             last = next((r for r in reversed(case[arm]) if "curve" in r), {})
             settings = last.get("settings", {})
             rows.append([name, arm, case["epochs"], settings.get("model"),
@@ -274,6 +290,13 @@ def render(data: dict) -> list[str]:
                            f"{GOALS[name]:g}x), final accuracy "
                            f"{'n/a' if diff is None else f'{100 * diff:+.2f} pt'}")
     lines.append("; ".join(summary) + ".\n")
+    blur = data.get("photos", {}).get("levers_blurpool_speedup")
+    if "levers_blurpool" in data.get("photos", {}):
+        diff = data["photos"].get("levers_blurpool_accuracy_difference")
+        lines.append(f"With --blurpool on top (photos): "
+                     f"{'n/a' if blur is None else f'{blur:.2f}x'} sooner, final accuracy "
+                     f"{'n/a' if diff is None else f'{100 * diff:+.2f} pt'} (no goal: what "
+                     "--blurpool's default waits for).\n")
     costs = data.get("resnet50", [])
     if costs:
         lines.append(f"resnet50 training step per size ({costs[0]['device']}, "
@@ -320,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("photos", "fashion", "resnet50"), action="append",
                         help="run only these parts (repeatable; default: all)")
     parser.add_argument("--quick", action="store_true", help="smoke run on tiny data")
+    parser.add_argument("--blurpool-arm", action="store_true",
+                        help="photos: also the levers with --blurpool (a third arm)")
     parser.add_argument("--timeout", type=float, default=7200, help="seconds per train process")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -337,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             "photos", photo_dataset(sizes["photo_per_class"]),
             ["--model", "resnet18", "--image-size", str(size)], size,
             args.photo_epochs or sizes["photo_epochs"], args.rounds, progressive, work,
-            args.timeout)
+            args.timeout, blurpool=args.blurpool_arm)
     if "fashion" in parts:
         if not FASHION.is_dir():
             print(f"bench_levers: {FASHION} is missing: apt-get install dataset-fashion-mnist",
