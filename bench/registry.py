@@ -59,6 +59,9 @@ BENCHMARKS = (
               "Training step: precision and memory format"),
     Benchmark("time_to_accuracy", "bench_time_to_accuracy.py",
               "Time to 90 % on Fashion-MNIST (issue #5)"),
+    Benchmark("levers", "bench_levers.py",
+              "Time to accuracy: the plan's levers (progressive resizing, test-time resolution, "
+              "flip TTA) on vs off (issue 42)"),
     Benchmark("ddp", "bench_ddp.py", "Several processes (DDP)"),
     Benchmark("loader", "bench_loader.py", "Your own loop: turbotrain.Loader vs train"),
     Benchmark("lightning", "bench_lightning.py", "Lightning: TurbotrainDataModule vs train"),

@@ -14,7 +14,7 @@ from .confined import REPO, Ran, run_confined
 # As tests/train/conftest.py FAST: one torch thread, no workers, the in-test pipeline; on the CPU
 # even where a GPU is present (a CUDA context would not start under the address-space cap).
 FAST = ["--threads", "1", "--workers", "0", "--pipeline", "test-memory", "--log-every", "1",
-        "--device", "cpu"]
+        "--device", "cpu", "--no-tta"]
 
 # Address space: a plain 3-step run of the tiny dataset fails to start under 3 GiB (torch maps
 # its shared libraries and thread stacks) and completes under 4 GiB; 8 GiB leaves twice that.

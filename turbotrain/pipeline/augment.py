@@ -92,6 +92,12 @@ def choose_augmentation(heights: np.ndarray, widths: np.ndarray, *, train: bool)
     return RESIZED_CROP if train else CENTRE_CROP
 
 
+def draws_flips(family: str) -> bool:
+    """Whether `family`'s boxes carry random horizontal flips (the training families do; the
+    evaluation families never flip)."""
+    return family in (RESIZED_CROP, PAD_CROP)
+
+
 def crop_boxes(family: str, *, seed: int, epoch: int, indices: np.ndarray, heights: np.ndarray,
                widths: np.ndarray, image_size: int, crop_ratio: float = 0.875,
                scale: tuple[float, float] = RESIZED_CROP_SCALE,

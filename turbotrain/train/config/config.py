@@ -22,6 +22,7 @@ from ..errors import TrainError
 from .model_args import parse_model_kwargs
 
 AUTO = "auto"
+MAX_EVAL_RES = 4096  # weights.ModelCard's bound on a side (written out: no torch here)
 
 
 def _setting(default, help: str, group: str, *, choices=None, saved: bool = True,
@@ -76,6 +77,11 @@ class TrainConfig:
                                  "GB)", "data")
     # -- model
     model: str = _setting(AUTO, "model name; auto picks by image size and device", "model")
+    blurpool: bool = _setting(False, "BlurPool (Zhang 2019, FFCV's and Composer's ImageNet "
+                              "recipes): a fixed [1 2 1] x [1 2 1] low-pass before every "
+                              "strided conv with 16+ input channels, and max-pools that "
+                              "downsample become max then blur; off until a measurement here "
+                              "shows it reaches the same accuracy sooner", "model")
     channels_last: bool | None = _setting(None, "channels_last model and input; auto: on for "
                                           "conv nets", "model")
     compile: bool | None = _setting(None, "torch.compile the model; auto: on for CUDA, off on "
@@ -183,6 +189,16 @@ class TrainConfig:
                                                     "--min-res (before START) to --max-res "
                                                     "(from END on); auto: 40%% and 85%% of "
                                                     "--epochs", "resolution")
+    # -- evaluation: test-time resolution and flip TTA (plan/eval_rules.py decides auto)
+    eval_res: int | None = _setting(None, "evaluation resolution in pixels (training's "
+                                    "evaluations, and eval, predict and export through the "
+                                    "weights' card); auto: about 1.3x the training size for "
+                                    "photos trained with random-resized crops and a conv net "
+                                    "(FFCV, Composer, FixRes), the training size for small "
+                                    "images and for fixed-size models", "eval")
+    tta: bool | None = _setting(None, "flip test-time augmentation: each val image's logits "
+                                "are the mean of the image's and its mirror's (2 forward "
+                                "passes); auto: on where training used flips", "eval")
     # -- device, precision and threads
     device: str = _setting(AUTO, "where to train", "runtime", choices=(AUTO, "cpu", "cuda"))
     precision: str = _setting(AUTO, "auto: bf16 autocast on CPUs with native bf16 and on CUDA "
@@ -241,13 +257,16 @@ class TrainConfig:
         at_least = {"epochs": 1, "accum_steps": 1, "log_every": 1, "checkpoint_every": 0,
                     "batch_size": 1, "image_size": 8, "workers": 0, "threads": 1,
                     "max_steps": 1, "warmup_steps": 0, "seed": 0, "dist_timeout": 1,
-                    "global_batch_size": 1, "order_window": 1}
+                    "global_batch_size": 1, "order_window": 1, "eval_res": 8}
         at_least.update(min_res=8, max_res=8)
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is not None and value < low:
                 raise TrainError(f"--{name.replace('_', '-')} must be at least {low}, "
                                  f"not {value}")
+        if self.eval_res is not None and self.eval_res > MAX_EVAL_RES:
+            raise TrainError(f"--eval-res must be at most {MAX_EVAL_RES} (the largest side a "
+                             f"weights card holds), not {self.eval_res}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise TrainError(f"--label-smoothing must be in [0, 1), not {self.label_smoothing}")
         if not 0.0 < self.ema_decay < 1.0:

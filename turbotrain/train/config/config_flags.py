@@ -24,13 +24,14 @@ GROUPS = {
     "optim": "Optimisation",
     "augment": "Augmentation and regularisation (off or torchvision's ranges by default)",
     "resolution": "Progressive resizing (the training size by epoch)",
+    "eval": "Evaluation (test-time resolution and flip augmentation)",
     "runtime": "Device, precision and threads",
     "dist": "Several processes (under torchrun)",
     "run": "Run folder, checkpoints and logging",
 }
 # Flags whose value is not shown well by its type's name.
 METAVARS = {"time_budget": "DURATION", "target_accuracy": "A", "min_res": "PX",
-            "max_res": "PX"}
+            "max_res": "PX", "eval_res": "PX"}
 PAIR_METAVARS = {"res_ramp": ("START", "END")}
 
 

@@ -73,10 +73,12 @@ def open_planned(config: TrainConfig, facts: DatasetFacts, machine: Machine, obs
 def pipeline_options(planned: Plan, env: DistEnv, *, train: bool = True,
                      drop_last: bool | None = None) -> PipelineOptions:
     """The pipeline's settings as the plan gives them, made once and passed whole; `train`
-    (and `drop_last`) say which split's: shuffled and augmented, or in order."""
+    (and `drop_last`) say which split's: shuffled and augmented, or in order; the evaluation
+    split's images come at the plan's evaluation resolution (plan/eval_rules.py)."""
     c = planned.config
+    size = c.image_size if train or c.eval_res is None else c.eval_res
     return PipelineOptions(train=train, drop_last=drop_last, batch_size=c.batch_size,
-                           image_size=c.image_size, device=planned.device, seed=c.seed,
+                           image_size=size, device=planned.device, seed=c.seed,
                            rank=env.rank, world_size=env.world_size,
                            workers=planned.budget.workers, worker_mode=c.worker_mode,
                            scale=c.scale, ratio=c.ratio, order=c.order,

@@ -28,6 +28,7 @@ from ..plan.budget import (MEASURED_SECONDS, MEASURED_SHARE, correction_steps, e
                            fit_budget, measure_checks, measured_enough, pixel_cost,
                            typical_step_seconds)
 from ..plan.resolution import schedule_of
+from ..plan.eval_rules import eval_work
 from ..step.distributed import max_over_ranks
 from ..step.schedule import LRSchedule
 from .builder import Run
@@ -222,13 +223,15 @@ class RunLength:
                                          anchor=(c.lr_anchor_step, c.lr_anchor_progress))
 
     def _val_images(self) -> int:
-        pipeline = self.run.val_pipeline
+        """The images of one evaluation, weighted by their work (eval resolution, flip TTA)."""
+        pipeline, config = self.run.val_pipeline, self.run.config
         if pipeline is None:
             return 0
         try:
-            return len(pipeline) * self.run.config.batch_size * self.run.env.world_size
+            count = len(pipeline) * config.batch_size * self.run.env.world_size
         except TypeError:  # a pipeline without a length: no evaluation cost predicted
             return 0
+        return round(count * eval_work(config.image_size, config.eval_res, config.tta))
 
     # ------------------------------------------------------------------ the target
 

@@ -45,6 +45,8 @@ def run_summary(run: Run, c: Counters, ledger: StepLedger, *, outcome: str,
         # Each epoch's training size begun (progressive resizing: the schedule's sizes).
         "epoch_sizes": [run.train_pipeline.size_at(e) for e in range(
             c.epoch + (1 if c.micro_in_epoch else 0))],
+        # How the evaluations ran (plan/eval_rules.py): eval_seconds above is their cost.
+        "eval_res": config.eval_res, "tta": config.tta, "blurpool": config.blurpool,
         "batch_size": config.batch_size, "accum_steps": config.accum_steps,
         "lr": config.lr, "optimizer": config.optimizer,
         "workers": run.threads.workers, "torch_threads": run.threads.torch_threads,

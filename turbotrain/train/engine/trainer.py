@@ -266,7 +266,8 @@ class Trainer:
                 self._write_epoch_record({})
             return
         result = evaluate(run.model, run.val_pipeline, device=run.device,
-                          precision=run.precision, channels_last=run.channels_last, env=run.env)
+                          precision=run.precision, channels_last=run.channels_last, env=run.env,
+                          tta=run.config.tta)
         c.eval_seconds += result.pop("eval_seconds")
         c.val = result
         c.last_eval_step = c.step
@@ -340,7 +341,7 @@ class Trainer:
         if run.ema is not None and run.val_pipeline is not None:
             ema_eval = evaluate(run.ema.module, run.val_pipeline, device=run.device,
                                 precision=run.precision, channels_last=run.channels_last,
-                                env=run.env)
+                                env=run.env, tta=run.config.tta)
             ema_result = {"ema_val_loss": ema_eval["val_loss"],
                           "ema_val_accuracy": ema_eval["val_accuracy"],
                           "ema_val_top5": ema_eval["val_top5"]}
@@ -362,6 +363,8 @@ class Trainer:
         summary.update(length["entries"])
         if self.main:
             lines = length["lines"] + (diagnosis.lines() if diagnosis is not None else [])
+            if run.val_pipeline is not None:
+                lines.append(_evaluation_line(summary))
             for line in lines + [f"wrote {path}" for path in monitor_files]:
                 print(line, flush=True)
             write_summary(run.run_dir, summary)
@@ -372,6 +375,15 @@ class Trainer:
                   + (f", {rate:,.0f} images/s" if rate is not None else "")
                   + f", {summary['wall_seconds']:.0f} s; results in {run.run_dir}", flush=True)
         return summary
+
+
+def _evaluation_line(summary: dict) -> str:
+    """What the evaluations cost: their resolution, flip TTA (2 forward passes per image) and
+    time, against the run's."""
+    tta = ", flip TTA (2 forward passes per image)" if summary["tta"] else ", no TTA"
+    share = summary["eval_seconds"] / max(summary["wall_seconds"], 1e-9)
+    return (f"evaluation: at {summary['eval_res']} px (training {summary['image_size']} px)"
+            f"{tta}: {summary['eval_seconds']:.1f} s in all, {share:.0%} of the run")
 
 
 def train(config: TrainConfig) -> dict:

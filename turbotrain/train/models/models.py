@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import TrainError
 from . import nets  # noqa: F401  (registers resnet9, airbench, compact28)
+from .blurpool import MIN_CHANNELS, apply_blurpool
 from .model_check import check_fits_memory, net_on_meta
 # ModelSpec and register_model are re-exported: models.py is where callers look for them.
 from .registry import MODELS, ModelSpec, register_model  # noqa: F401
@@ -42,18 +43,38 @@ def model_choices() -> str:
 
 
 def get_model_spec(name: str, *, model_kwargs: dict | None = None,
-                   image_size: int | None = None, where: str = "--model-kwargs") -> ModelSpec:
+                   image_size: int | None = None, where: str = "--model-kwargs",
+                   blurpool: bool = False) -> ModelSpec:
     """The spec of model `name`; `model_kwargs` (checked by model_args) go to its constructor,
     and a timm model that takes `img_size` is built for `image_size`. Arguments the model does
-    not take are one TrainError line starting with `where` (a card says its file)."""
+    not take are one TrainError line starting with `where` (a card says its file). `blurpool`:
+    the net is built with BlurPool (blurpool.py; a net with nothing to blur is refused)."""
     kwargs = dict(model_kwargs or {})
     if name in MODELS:
-        return _own_spec(MODELS[name], kwargs, where)
-    if name.startswith(TIMM_PREFIX):
-        return _timm_spec(name[len(TIMM_PREFIX):], kwargs, image_size, where)
-    if name in torchvision_model_names():
-        return _torchvision_spec(name, kwargs, where)
-    raise TrainError(f"unknown model {name!r}; choose one of: {model_choices()}")
+        spec = _own_spec(MODELS[name], kwargs, where)
+    elif name.startswith(TIMM_PREFIX):
+        spec = _timm_spec(name[len(TIMM_PREFIX):], kwargs, image_size, where)
+    elif name in torchvision_model_names():
+        spec = _torchvision_spec(name, kwargs, where)
+    else:
+        raise TrainError(f"unknown model {name!r}; choose one of: {model_choices()}")
+    return _with_blurpool(spec, where) if blurpool else spec
+
+
+def _with_blurpool(spec: ModelSpec, where: str) -> ModelSpec:
+    """`spec` building its net with BlurPool; checked on the meta device first, so that a net
+    without a strided conv or max-pool (a ViT) is one line, not a silent no-op."""
+    build = spec.build
+
+    def blurred(num_classes: int) -> nn.Module:
+        net = build(num_classes)
+        apply_blurpool(net)
+        return net
+    if apply_blurpool(net_on_meta(spec.name, build, 2, where)) == 0:
+        raise TrainError(f"--blurpool: model {spec.name} has no strided conv (with "
+                         f"{MIN_CHANNELS}+ input channels) or strided max-pool to blur; "
+                         "leave --blurpool out")
+    return dataclasses.replace(spec, build=blurred)
 
 
 def _own_spec(spec: ModelSpec, kwargs: dict, where: str) -> ModelSpec:

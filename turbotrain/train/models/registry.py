@@ -21,6 +21,12 @@ class ModelSpec:
     kwargs: dict = field(default_factory=dict)
     note: str = ""
 
+    @property
+    def any_size(self) -> bool:
+        """Runs at any input size (a conv net ending in a global pool), so it can be evaluated
+        above its training size; a transformer is built for one (timm's img_size)."""
+        return self.conv and "img_size" not in self.kwargs
+
 
 MODELS: dict[str, ModelSpec] = {}
 

@@ -35,7 +35,9 @@ from ..config.duration import BUDGET_MAX_EPOCHS
 from ..config.model_args import canonical, parse_model_kwargs
 from ..errors import TrainError
 from ..models.models import get_model_spec
-from . import recipe, resolution, rules
+from turbotrain.pipeline import augment
+
+from . import eval_rules, recipe, resolution, rules
 from .budget_size import budget_size
 from .device_choice import device_choices, pick_channels_last, pick_device
 from .facts import DatasetFacts, WeightsFacts
@@ -44,7 +46,8 @@ from .rules import BatchSearch, Decision
 
 # The order decisions are printed in at the start of a run.
 ORDER = ("device", "resume", "host_memory", "evaluation", "image_size", "model", "model_kwargs",
-         "progressive", "batch_size", "accum_steps", "lr", "weight_decay", "worker_mode",
+         "progressive", "eval_res", "tta", "batch_size", "accum_steps", "lr",
+         "weight_decay", "worker_mode",
          "precision", "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
          "warmup_steps", "warmup")
 _NOT_LISTED = object()
@@ -129,6 +132,7 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     weights = _weights(config, observed)
     config, spec = _model(d, config, facts, device, weights, machine)
     config = _progressive(d, config, facts, spec)
+    config = _evaluation(d, config, facts, spec)
     channels_last = _decide(d, "channels_last",
                             pick_channels_last(config.channels_last, spec.conv))
     need, room = _resident_room(config, facts, machine, d["device"].value)
@@ -268,7 +272,7 @@ def _model(d: dict, config: TrainConfig, facts: DatasetFacts, device: str,
         if kwargs:
             d["model_kwargs"] = Decision(canonical(kwargs), "the --init-from weights' "
                                          "model_kwargs")
-    spec = get_model_spec(name, model_kwargs=kwargs, image_size=size)
+    spec = get_model_spec(name, model_kwargs=kwargs, image_size=size, blurpool=config.blurpool)
     return config.replace(image_size=size, model=spec.name, model_kwargs=canonical(kwargs)), spec
 
 
@@ -285,6 +289,20 @@ def _progressive(d: dict, config: TrainConfig, facts: DatasetFacts, spec) -> Tra
         return config.replace(progressive=False)
     return config.replace(progressive=True, min_res=decision.min_res,
                           res_ramp=(decision.start_ramp, decision.end_ramp))
+
+
+def _evaluation(d: dict, config: TrainConfig, facts: DatasetFacts, spec) -> TrainConfig:
+    """The evaluation resolution and flip TTA (eval_rules.py). The final training size is
+    `config.image_size`, the size the run ends at."""
+    family = augment.PAD_CROP if facts.small else augment.RESIZED_CROP
+    any_size = spec.any_size
+    size = _decide(d, "eval_res", eval_rules.eval_resolution(
+        config.eval_res, train_size=config.image_size, small=facts.small, any_size=any_size))
+    if size != config.image_size and not any_size:
+        raise TrainError(f"--eval-res {size}: model {spec.name} is built for "
+                         f"{config.image_size} px inputs; leave --eval-res out")
+    tta = _decide(d, "tta", eval_rules.flip_tta(config.tta, train_family=family))
+    return config.replace(eval_res=size, tta=tta)
 
 
 def _pipeline(d: dict, config: TrainConfig, machine: Machine, observed: Observed, need: int,

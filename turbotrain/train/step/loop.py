@@ -22,6 +22,7 @@ from torch import nn
 from .device import autocast_context, make_grad_scaler
 from .distributed import DistEnv, all_reduce_sum, sync_context
 from .ema import ModelEMA
+from .flip_tta import eval_logits
 from .mixing import Mixer, soft_target_cross_entropy
 from .schedule import PEAK_LR, LRSchedule, build_optimizer
 
@@ -151,9 +152,10 @@ def make_engine(model: nn.Module, settings: StepSettings, *, groups: list[dict] 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, pipeline, *, device: torch.device, precision: str,
-             channels_last: bool, env: DistEnv) -> dict:
+             channels_last: bool, env: DistEnv, tta: bool = False) -> dict:
     """Accuracy, top-5 accuracy and mean cross-entropy (no label smoothing) over the whole
     split, summed across ranks; every count stays on the device until the one read at the end.
+    `tta`: each image's logits averaged with its mirror's (flip_tta.py).
     With 5 classes or fewer `val_top5` is None: the five best guesses hold every class, so any
     model would score 100%. `pipeline` is rewound to its first batch before and after."""
     was_training = model.training
@@ -168,7 +170,7 @@ def evaluate(model: nn.Module, pipeline, *, device: torch.device, precision: str
         for images, labels in pipeline:
             images = images.contiguous(memory_format=memory_format)
             with autocast_context(device, precision):
-                logits = model(images)
+                logits = eval_logits(model, images, tta=tta)
             loss = nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
             totals[0] += loss
             totals[1] += (logits.argmax(dim=1) == labels).sum()

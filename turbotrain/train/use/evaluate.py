@@ -3,9 +3,10 @@
     turbotrain eval --run RUNDIR                          # the run's own val split
     turbotrain eval --weights FILE --data DS [--split val] [--batch-size N] [--pipeline P]
 
-The split goes through the trainer's own val pipeline (`data.open_pipeline`, train=False, the
-card's image size: the centre crop for photos, the resize-only path for small images) and the
-model runs in eval mode under the trainer's autocast. With `--run`, the run's config.yaml gives
+The split goes through the trainer's own val pipeline (`data.open_pipeline`, train=False, at
+the card's evaluation resolution or `--eval-res`: the centre crop for photos, the resize-only
+path for small images) and the model runs in eval mode under the trainer's autocast, with the
+run's flip TTA unless --tta / --no-tta says otherwise. With `--run`, the run's config.yaml gives
 the defaults (data, batch size, pipeline, precision, channels_last), so on the run's val split
 the top-1 accuracy is the val_accuracy the run logged for those weights, to the last digit
 (best.safetensors is saved at the evaluation that measured it; tests/train/use/test_use.py checks).
@@ -116,7 +117,7 @@ def evaluate_split(loaded: LoadedModel, split, *, batch_size: int | None = None,
     batch_size = batch_size or settings.get("batch_size") or DEFAULT_BATCH
     name = pipeline or settings.get("pipeline") or "auto"
     plan = apply_thread_plan(loaded.device, workers=workers, jpeg=jpeg_fraction(split) > 0.1)
-    options = dict(batch_size=batch_size, image_size=card.image_size, device=loaded.device,
+    options = dict(batch_size=batch_size, image_size=loaded.input_size, device=loaded.device,
                    seed=settings.get("seed", 0), workers=plan.workers,
                    worker_mode=settings.get("worker_mode"))
     source, name, _ = open_pipeline(name, split, train=False, **options)
@@ -172,6 +173,7 @@ def evaluate_split(loaded: LoadedModel, split, *, batch_size: int | None = None,
         **({f"top{k}": int(correct_k.sum()) / count} if classes > TOP_K else {}),
         "top_k": k if classes > TOP_K else None, "loss": loss_sum / count,
         "pipeline": name, "batch_size": batch_size, "image_size": card.image_size,
+        "eval_res": loaded.input_size, "tta": loaded.tta,
         "precision": loaded.precision, "device": str(loaded.device),
         "seconds": seconds, "images_per_second": count / seconds if seconds > 0 else None,
         "run_logged": {key: card.info[key] for key in ("val_accuracy", "step", "epoch")
@@ -270,10 +272,11 @@ def _short(name: str, width: int = 18) -> str:
 
 
 def _is_run_val(loaded: LoadedModel, data, split: str) -> bool:
-    """Whether this is the split the run itself evaluated (then its logged accuracy must
-    match)."""
+    """Whether this is the split the run itself evaluated, the way it evaluated it (then its
+    logged accuracy must match)."""
     trained_on = loaded.settings.get("data")
-    return (loaded.run_dir is not None and split == "val" and trained_on is not None
+    as_run = loaded.input_size == loaded.card.input_size and loaded.tta == loaded.card.tta
+    return (loaded.run_dir is not None and split == "val" and trained_on is not None and as_run
             and Path(trained_on).resolve() == Path(data).resolve())
 
 

@@ -5,12 +5,15 @@
     turbotrain export --run RUNDIR --format safetensors     # RUNDIR/model.safetensors
 
 Every format holds the whole `Classifier`, its input stem included: the input is uint8 RGB
-pixels, NCHW (batch, 3, S, S) with S the card's image_size, prepared as `predict` prepares an
+pixels, NCHW (batch, 3, S, S) with S the card's input size (its eval_size: the run's
+evaluation resolution, plan/eval_rules.py; else its image_size), prepared as `predict` prepares an
 image (prepare-dataset's storage, then the eval centre crop or, for <= 64 px images, a resize),
 any batch size; the output is float32 logits (batch, classes). Normalisation is inside.
 
 The card (in every format) also states that preparation under "preprocessing" (weights.py:
-the resize and centre-crop rule of pipeline/augment.eval_rule), and export prints it.
+the resize and centre-crop rule of pipeline/augment.eval_rule, and whether the run averaged
+each image's logits with its mirror's: flip TTA, which a deployment repeats by running the file
+on both), and export prints it.
 
 * safetensors: the weights and the card (model, classes, image size, mean/std): what `eval`,
   `predict` and `train --init-from` read. Tensors only: loading it runs no code.
@@ -40,6 +43,7 @@ in training mode, swapped channels, a baked-in batch size) changes logits by 1e-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -129,13 +133,14 @@ def _run(args: argparse.Namespace) -> int:
     card = loaded.card
     print(printable(f"exported {out} ({args.format}, {how}) in "
                     f"{time.perf_counter() - started:.1f} s: images uint8 [batch, 3, "
-                    f"{card.image_size}, {card.image_size}] -> logits float32 "
+                    f"{card.input_size}, {card.input_size}] -> logits float32 "
                     f"[batch, {card.num_classes}]"))
     print(printable(f"checked on {where}: largest |logit difference| {difference:.3g} "
                     f"(tolerance {tolerance:.3g})"))
     rule = card.preprocessing  # also in the file's card, under "preprocessing"
     print(printable(f"preprocessing (the card's \"preprocessing\"): {rule['photos']}; "
-                    f"{rule['small images']}; {rule['input']}"))
+                    f"{rule['small images']}; {rule['input']}; test-time augmentation: "
+                    f"{rule['tta']}"))
     return 0
 
 
@@ -161,7 +166,7 @@ def _export_and_check(fmt: str, model, loaded: LoadedModel, path: Path, batch: t
 
 def check_batch(loaded: LoadedModel, args) -> tuple[torch.Tensor, str]:
     """uint8 (n, 3, S, S) images to compare on, n != EXAMPLE_BATCH, and what they are."""
-    size = loaded.card.image_size
+    size = loaded.card.input_size
     images, where = None, ""
     data = args.data
     if not data and loaded.settings.get("data"):
@@ -199,7 +204,7 @@ def _dataset_images(loaded: LoadedModel, data) -> tuple[torch.Tensor, str]:
     name = first_pipeline(lambda declared: declared.needs_cuda is None and
                           declared.package is None and not declared.holds_decoded_split)
     pipeline = build_pipeline(name, split, train=False, batch_size=CHECK_BATCH,
-                              image_size=loaded.card.image_size, device=torch.device("cpu"),
+                              image_size=loaded.card.input_size, device=torch.device("cpu"),
                               workers=1)
     try:
         images, _ = next(iter(pipeline))
@@ -211,7 +216,7 @@ def _dataset_images(loaded: LoadedModel, data) -> tuple[torch.Tensor, str]:
 def _file_images(loaded: LoadedModel, paths) -> tuple[torch.Tensor, str]:
 
     inputs = Inputs([list_images(p) for p in paths])
-    batch = load_batch(inputs, range(min(len(inputs), CHECK_BATCH)), loaded.card.image_size)
+    batch = load_batch(inputs, range(min(len(inputs), CHECK_BATCH)), loaded.card.input_size)
     for i, reason in batch.errors:
         raise TrainError(f"--images: {inputs.name(i)}: {reason}")
     return batch.images.permute(0, 3, 1, 2), f"{len(batch.indices)} of the --images"
@@ -221,8 +226,7 @@ def _file_images(loaded: LoadedModel, paths) -> tuple[torch.Tensor, str]:
 def export_safetensors(model, loaded: LoadedModel, path: Path):
     card = loaded.card
     info = {**card.info, "exported_from": str(loaded.path)}
-    save_weights(path, model, ModelCard(card.model, card.classes, card.image_size, card.mean,
-                                        card.std, card.model_kwargs, info))
+    save_weights(path, model, dataclasses.replace(card, info=info))
     reloaded, _ = load_classifier(path, "cpu")
     return "weights + card", reloaded
 
@@ -289,7 +293,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _example(loaded: LoadedModel) -> torch.Tensor:
-    size = loaded.card.image_size
+    size = loaded.card.input_size
     generator = torch.Generator().manual_seed(1)
     return torch.randint(0, 256, (EXAMPLE_BATCH, 3, size, size), dtype=torch.uint8,
                          generator=generator)

@@ -33,7 +33,8 @@ from ..plan.device_choice import pick_channels_last, pick_device, pick_precision
 from ..plan.hardware import detect_machine
 from ..step.device import apply_torch_threads, autocast_context, available_cores, plan_threads
 from ..step.distributed import dist_env_from_environ
-from ..weights.weights import ModelCard, load_classifier, run_weights
+from ..step.flip_tta import eval_logits
+from ..weights.weights import MAX_SIDE, ModelCard, load_classifier, run_weights
 
 
 @dataclass
@@ -48,6 +49,10 @@ class LoadedModel:
     precision: str
     channels_last: bool
     load_seconds: float             # reading the file and building the model
+    # The evaluation the run made (the card's), unless --eval-res / --tta / --no-tta say
+    # otherwise: the input side, and whether logits average the image's and its mirror's.
+    input_size: int = 0
+    tta: bool = False
 
     @property
     def memory_format(self) -> torch.memory_format:
@@ -62,7 +67,7 @@ class LoadedModel:
         images = images.to(self.device, non_blocking=True)
         images = images.contiguous(memory_format=self.memory_format)
         with autocast_context(self.device, self.precision):
-            return self.model(images)
+            return eval_logits(self.model, images, tta=self.tta)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, runtime: bool = True) -> None:
@@ -83,6 +88,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, runtime: bool = True
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"), default=None,
                         help="autocast precision (default: the run's, when on the same kind of "
                              "device; else auto, as train picks)")
+    parser.add_argument("--eval-res", type=eval_side, default=None, metavar="PX",
+                        help="input resolution (default: the weights card's, the resolution "
+                             "the run evaluated at)")
+    parser.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None,
+                        help="flip test-time augmentation: average each image's logits with "
+                             "its mirror's (default: as the run evaluated, the card's)")
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
@@ -94,6 +105,17 @@ def at_least(minimum: int) -> Callable[[str], int]:
         return value
     parse.__name__ = "int"  # argparse's "invalid int value: 'x'"
     return parse
+
+
+def eval_side(text: str) -> int:
+    """An argparse type: --eval-res, a side in pixels of 8 to MAX_SIDE."""
+    value = at_least(8)(text)
+    if value > MAX_SIDE:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SIDE}, not {text}")
+    return value
+
+
+eval_side.__name__ = "int"
 
 
 def load_model(args: argparse.Namespace, *, device: str = "auto",
@@ -137,16 +159,22 @@ def load_model(args: argparse.Namespace, *, device: str = "auto",
               f"the run's)", file=sys.stderr)
     elif chosen_precision.warning:
         print(f"{prog}: warning: {chosen_precision.warning}", file=sys.stderr)
-    conv = get_model_spec(card.model).conv
+    spec = get_model_spec(card.model, model_kwargs=card.model_kwargs, image_size=card.image_size)
     channels_last = settings.get("channels_last") if same_kind else None
-    channels_last = pick_channels_last(channels_last, conv).value
+    channels_last = pick_channels_last(channels_last, spec.conv).value
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    size = getattr(args, "eval_res", None) or card.input_size
+    if size != card.image_size and not spec.any_size:
+        raise TrainError(f"--eval-res {size}: model {card.model} is built for "
+                         f"{card.image_size} px inputs; leave --eval-res out")
+    tta = getattr(args, "tta", None)
     return LoadedModel(model=model, card=card, path=Path(source), run_dir=run_dir,
                        settings=settings, device=dev,
                        precision=chosen_precision.value,
                        channels_last=channels_last,
-                       load_seconds=time.perf_counter() - started)
+                       load_seconds=time.perf_counter() - started,
+                       input_size=size, tta=card.tta if tta is None else tta)
 
 
 # What eval, predict and export take from a run's config.yaml.
@@ -216,6 +244,9 @@ def describe(loaded: LoadedModel) -> str:
     origin = [f"{key} {info[key]}" for key in ("epoch", "step") if key in info]
     if isinstance(info.get("val_accuracy"), (int, float)):
         origin.append(f"val_accuracy {info['val_accuracy']:.2%}")
+    evaluated = (f", evaluated at {loaded.input_size} px" if loaded.input_size
+                 and loaded.input_size != card.image_size else "")
+    tta = ", flip TTA" if loaded.tta else ""
     return (f"{loaded.path}: {card.model}, {card.num_classes} classes, {card.image_size} px"
-            + (f" ({', '.join(origin)})" if origin else "")
+            + evaluated + tta + (f" ({', '.join(origin)})" if origin else "")
             + f"; {loaded.device}, {loaded.precision}, loaded in {loaded.load_seconds:.2f} s")

@@ -13,7 +13,9 @@ EXIF-rotated; over 512 px it is downsized and re-encoded; <= 64 px it is stored 
 centre crop for photos, resize-only for images of at most 64 px. One difference, on purpose: a
 split picks the small-image path only when all its images are that small, predict picks it per
 image, so an image's prediction never depends on what else is in the folder (the two agree on
-any split that does not mix <= 64 px images with larger ones). A JPEG that passes through is
+any split that does not mix <= 64 px images with larger ones). The size is the run's
+evaluation resolution (the card's; `--eval-res` another) and the logits average the image's and
+its mirror's where the run evaluated with flip TTA (`--tta` / `--no-tta` choose). A JPEG that passes through is
 not strictly validated first (prepare-dataset does that, at ~0.4 ms an image): like the
 pipeline, predict decodes what the file holds, and refuses it only if that fails.
 
@@ -283,7 +285,7 @@ def predict(loaded: LoadedModel, inputs: Inputs, out, *, top_k: int = DEFAULT_TO
     header = ["path", "class", "prob"] + [f"{what}_{r}" for r in range(2, k + 1)
                                           for what in ("class", "prob")]
     stats, started = Stats(), time.perf_counter()
-    decoded = batches(inputs, batch_size=batch_size, image_size=card.image_size,
+    decoded = batches(inputs, batch_size=batch_size, image_size=loaded.input_size,
                       workers=plan.workers)
 
     def host_batches():

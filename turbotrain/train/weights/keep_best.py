@@ -38,7 +38,7 @@ class WeightsKeeper:
         if run.ema is not None:
             result = evaluate(run.ema.module, run.val_pipeline, device=run.device,
                               precision=run.precision, channels_last=run.channels_last,
-                              env=run.env)
+                              env=run.env, tta=run.config.tta)
             counters.eval_seconds += result.pop("eval_seconds")
         accuracy = result["val_accuracy"]
         if accuracy <= counters.best_val_accuracy:
@@ -74,7 +74,8 @@ class WeightsKeeper:
         kwargs = json.loads(config.model_kwargs) if config.model_kwargs else {}
         return ModelCard(model=config.model, classes=tuple(run.classes),
                          image_size=config.image_size, mean=tuple(mean), std=tuple(std),
-                         model_kwargs=kwargs, info=info)
+                         model_kwargs=kwargs, info=info, eval_size=config.eval_res,
+                         tta=bool(config.tta), blurpool=config.blurpool)
 
     def _write(self, name: str, counters, result: dict) -> None:
         if self.run.env.is_main:

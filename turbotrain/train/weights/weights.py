@@ -42,6 +42,7 @@ CARD_KEY = "turbotrain"
 MAX_CARD_CHARS = 16 << 20
 MAX_MODEL_NAME = 200
 MAX_INFO_ITEMS = 64
+MAX_SIDE = 4096  # the largest image or eval size a card may give (config.MAX_EVAL_RES)
 
 
 @dataclass(frozen=True)
@@ -56,16 +57,28 @@ class ModelCard:
     # Provenance, shown by eval/predict and never needed to run the model: step, epoch,
     # val_accuracy, dataset, run folder.
     info: dict = field(default_factory=dict)
+    # How the run evaluated (plan/eval_rules.py), which eval and predict repeat: the side of
+    # the input (None: image_size, as in files written before test-time resolution) and flip
+    # TTA. BlurPool changes what the net computes, not its tensors: a model trained with it
+    # must be rebuilt with it (models.blurpool).
+    eval_size: int | None = None
+    tta: bool = False
+    blurpool: bool = False
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
 
     @property
+    def input_size(self) -> int:
+        """The side eval and predict feed the model: the run's evaluation resolution."""
+        return self.image_size if self.eval_size is None else self.eval_size
+
+    @property
     def preprocessing(self) -> dict[str, str]:
         """How an image becomes the model's input, as eval and predict make it: written in
         every card (from the code's own rule, so it cannot drift; never read back)."""
-        return preprocessing(self.image_size)
+        return preprocessing(self.input_size, tta=self.tta)
 
     def to_json(self) -> str:
         return json.dumps({"format": WEIGHTS_FORMAT, **asdict(self),
@@ -104,8 +117,16 @@ class ModelCard:
             raise bad(f"{len(classes):,} class names, more than the {MAX_CLASSES:,} a dataset "
                       "may have")
         size = raw.get("image_size")
-        if type(size) is not int or not 1 <= size <= 4096:
+        if type(size) is not int or not 1 <= size <= MAX_SIDE:
             raise bad(f"image size {printable(repr(size))[:40]}")
+        eval_size = raw.get("eval_size")
+        if eval_size is not None and (type(eval_size) is not int
+                                      or not 1 <= eval_size <= MAX_SIDE):
+            raise bad(f"eval size {printable(repr(eval_size))[:40]}")
+        flags = {key: raw.get(key, False) for key in ("tta", "blurpool")}
+        for key, value in flags.items():
+            if type(value) is not bool:
+                raise bad(f"{key} is not true or false")
         stats = {}
         for key in ("mean", "std"):
             values = raw.get(key)
@@ -123,10 +144,11 @@ class ModelCard:
                 isinstance(k, str) and len(k) <= 100 and _plain_info(v)
                 for k, v in info.items())):
             raise bad(f"info is not a mapping of at most {MAX_INFO_ITEMS} plain values")
-        return cls(model, tuple(classes), size, stats["mean"], stats["std"], kwargs, info)
+        return cls(model, tuple(classes), size, stats["mean"], stats["std"], kwargs, info,
+                   eval_size=eval_size, **flags)
 
 
-def preprocessing(image_size: int) -> dict[str, str]:
+def preprocessing(image_size: int, *, tta: bool = False) -> dict[str, str]:
     """The input rule of a model trained at `image_size` (pipeline/augment.eval_rule, with the
     pipelines' crop ratio and prepare-dataset's default storage): a naive resize of the whole
     image to image_size x image_size gives other predictions."""
@@ -137,7 +159,9 @@ def preprocessing(image_size: int) -> dict[str, str]:
                      "normalise: the model applies the card's mean/std itself",
             "stored": f"EXIF rotation applied, a longest side over {stored.max_side} px "
                       f"shrunk to {stored.max_side} (prepare-dataset's default --max-side)",
-            **eval_rule(image_size, PipelineOptions.crop_ratio)}
+            **eval_rule(image_size, PipelineOptions.crop_ratio),
+            "tta": ("the mean of the logits of the image and of its horizontal mirror"
+                    if tta else "none: one forward pass")}
 
 
 def _plain_info(value) -> bool:
@@ -210,7 +234,7 @@ def check_card(card: ModelCard, shapes: dict[str, tuple[int, ...]], label: str) 
     tensors: then building it for real allocates what the file already holds, and no more."""
     try:
         spec = get_model_spec(card.model, model_kwargs=card.model_kwargs,
-                              image_size=card.image_size,
+                              image_size=card.image_size, blurpool=card.blurpool,
                               where=f"{label}: its card's model_kwargs")
     except TrainError as exc:
         if str(exc).startswith(label):
@@ -237,7 +261,8 @@ def load_classifier(source: str | os.PathLike, device: torch.device | str = "cpu
     """(Classifier in eval mode on `device`, card) from a run folder or a weights file."""
     path = run_weights(source)
     state, card = read_weights(path)  # its card checked against its tensors (check_card)
-    spec = get_model_spec(card.model, model_kwargs=card.model_kwargs, image_size=card.image_size)
+    spec = get_model_spec(card.model, model_kwargs=card.model_kwargs, image_size=card.image_size,
+                          blurpool=card.blurpool)
     model = build_model(spec, card.num_classes, card.mean, card.std)
     try:
         # assign=True: the module takes the file's tensors instead of copying them into its
