@@ -77,12 +77,14 @@ def pipeline_options(planned: Plan, env: DistEnv, *, train: bool = True,
     split's images come at the plan's evaluation resolution (plan/eval_rules.py)."""
     c = planned.config
     size = c.image_size if train or c.eval_res is None else c.eval_res
+    # Progressive resizing sizes the training epochs only; evaluation is at its own size.
+    schedule = schedule_of(c) if train else None
     return PipelineOptions(train=train, drop_last=drop_last, batch_size=c.batch_size,
                            image_size=size, device=planned.device, seed=c.seed,
                            rank=env.rank, world_size=env.world_size,
                            workers=planned.budget.workers, worker_mode=c.worker_mode,
                            scale=c.scale, ratio=c.ratio, order=c.order,
-                           order_window=c.order_window, resolution=schedule_of(c))
+                           order_window=c.order_window, resolution=schedule)
 
 
 class Loader:
