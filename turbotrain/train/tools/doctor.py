@@ -78,8 +78,13 @@ def run_doctor(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"{PROG}: error: {command[0]}: {e.strerror or e}", file=sys.stderr)
         return 2
-    report = build_report(read_measurements(out / MEASUREMENTS), machine, command,
-                          end.returncode, end.interrupted)
+    try:
+        report = build_report(read_measurements(out / MEASUREMENTS), machine, command,
+                              end.returncode, end.interrupted)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:  # the script's code wins
+        print(f"{PROG}: error: the measurements in {out / MEASUREMENTS} could not be read "
+              f"({e!r}); the script's exit code was {end.returncode}", file=sys.stderr)
+        return end.returncode
     write_file(out / "doctor.json", json.dumps(report, indent=2) + "\n")
     timeline = _plot(out, report, read_measurements(out / MEASUREMENTS))
     print("\n".join(report_lines(report, out, timeline)), file=sys.stderr)

@@ -54,7 +54,7 @@ def analyse(process: dict, machine: dict) -> dict:
         return report
     mean = {key: statistics.fmean(s[key] for s in steps)
             for key in ("dur", "wait", "copy", "fwd", "bwd", "optim", "batches", "images",
-                        "backwards", "syncs", "sync_s")}
+                        "forwards", "backwards", "syncs", "sync_s")}
     mean["fwd_bwd"] = mean["fwd"] + mean["bwd"]
     mean["other"] = max(0.0, mean["dur"] - mean["wait"] - mean["copy"] - mean["fwd_bwd"]
                         - mean["optim"])

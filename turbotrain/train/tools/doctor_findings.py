@@ -57,10 +57,12 @@ def findings_of(m: Measured) -> list[dict]:
 
 
 def _finding(name: str, title: str, evidence: list[str], change: str, now: float, new: float,
-             how: str, site: str | None = None) -> dict:
+             how: str, site: str | None = None, settings: dict | None = None) -> dict:
+    """`settings`: the change as values (workers, threads, batch_size, ...), for a program
+    that applies it (bench/bench_doctor.py)."""
     return {"id": name, "title": title, "evidence": evidence, "change": change,
             "gain": round(now / new, 3) if new > 0 else 1.0, "predicted_step_ms":
-            round(1000 * new, 3), "estimate": how, "site": site}
+            round(1000 * new, 3), "estimate": how, "site": site, "settings": settings or {}}
 
 
 def _ms(seconds: float) -> str:
@@ -107,7 +109,8 @@ def no_workers(m: Measured) -> dict | None:
            f"{_ms(rest)}, {batches:g} batch(es) x {_ms(m.load_seconds)} / {workers} "
            f"worker(s)) = {_ms(new)}, against {_ms(s['dur'])} now")
     return _finding("num_workers", "the DataLoader loads in the training process",
-                    evidence, change, s["dur"], new, how, loader.get("site"))
+                    evidence, change, s["dur"], new, how, loader.get("site"),
+                    {"workers": workers, "threads": t})
 
 
 def oversubscribed(m: Measured) -> dict | None:
@@ -139,7 +142,8 @@ def oversubscribed(m: Measured) -> dict | None:
            f"the rest {_ms(rest)}, loading {_ms(load)} a step with {new_workers} worker(s))"
            f" = {_ms(new)}, against {_ms(s['dur'])} now")
     return _finding("oversubscribed", "loader workers and torch threads share too few cores",
-                    evidence, change, s["dur"], new, how, loader.get("site"))
+                    evidence, change, s["dur"], new, how, loader.get("site"),
+                    {"workers": new_workers, "threads": t})
 
 
 def pil_decode(m: Measured) -> dict | None:
@@ -161,7 +165,7 @@ def pil_decode(m: Measured) -> dict | None:
                         "on the same images")
     how = (f"at most: the whole wait removed (Amdahl), {_ms(s['dur'])} -> {_ms(new)} a step")
     return _finding("pil_decode", "per-sample PIL decode is the hot spot", evidence, change,
-                    s["dur"], new, how, loader.get("site"))
+                    s["dur"], new, how, loader.get("site"), {"loader": "turbotrain"})
 
 
 def pin_memory(m: Measured) -> dict | None:
@@ -178,7 +182,7 @@ def pin_memory(m: Measured) -> dict | None:
                     [f"pin_memory=False; copying takes {_share(s['copy'], s['dur'])} of the "
                      "step"],
                     "DataLoader(..., pin_memory=True); x = x.to('cuda', non_blocking=True)",
-                    s["dur"], new, how, loader.get("site"))
+                    s["dur"], new, how, loader.get("site"), {"pin_memory": True})
 
 
 # ------------------------------------------------------------------------- the model side
@@ -199,7 +203,8 @@ def cpu_model(m: Measured) -> dict | None:
     return _finding("cpu_model", "the model runs on the CPU while a GPU sits idle",
                     [f"parameters on {model.get('device')}, torch.cuda.is_available() is True"],
                     "model.to('cuda'); x, y = x.to('cuda', non_blocking=True), "
-                    "y.to('cuda', non_blocking=True)", s["dur"], new, how)
+                    "y.to('cuda', non_blocking=True)", s["dur"], new, how,
+                    settings={"device": "cuda"})
 
 
 def _faster_compute(m: Measured, probe_name: str) -> tuple[float, str] | None:
@@ -222,7 +227,8 @@ def bf16(m: Measured) -> dict | None:
     return _finding("bf16", "fp32 where bf16 autocast is native",
                     [f"parameters {m.model.get('dtype')}, autocast off; {native}"],
                     f"with torch.autocast('{device}', dtype=torch.bfloat16): "
-                    "loss = criterion(model(x), y)", m.step["dur"], *faster)
+                    "loss = criterion(model(x), y)", m.step["dur"], *faster,
+                    settings={"bf16": True})
 
 
 def channels_last(m: Measured) -> dict | None:
@@ -232,7 +238,8 @@ def channels_last(m: Measured) -> dict | None:
     return _finding("channels_last", "a conv net in the NCHW memory format",
                     ["Conv2d weights are contiguous NCHW (not channels_last)"],
                     "model = model.to(memory_format=torch.channels_last); "
-                    "x = x.to(memory_format=torch.channels_last)", m.step["dur"], *faster)
+                    "x = x.to(memory_format=torch.channels_last)", m.step["dur"], *faster,
+                    settings={"channels_last": True})
 
 
 def larger_batch(m: Measured) -> dict | None:
@@ -257,7 +264,7 @@ def larger_batch(m: Measured) -> dict | None:
                      f" MiB, so about {fits} fit in half the free memory"],
                     f"DataLoader(..., batch_size={big['batch']}) and scale the learning rate "
                     f"with it (x{k:g}, with a warm-up)", s["dur"], same_images, how,
-                    (m.loader or {}).get("site"))
+                    (m.loader or {}).get("site"), {"batch_size": big["batch"]})
 
 
 def syncs(m: Measured) -> dict | None:
@@ -273,7 +280,7 @@ def syncs(m: Measured) -> dict | None:
                      + ", ".join(f"{site} ({n}x)" for site, n in sites)],
                     "keep the values on the GPU (e.g. running_loss += loss.detach()) and read "
                     "them once per log interval", s["dur"], new, how,
-                    sites[0][0] if sites else None)
+                    sites[0][0] if sites else None, {"item": False})
 
 
 def ddp_no_sync(m: Measured) -> dict | None:
@@ -295,7 +302,7 @@ def ddp_no_sync(m: Measured) -> dict | None:
                     [f"{k:g} backward passes per optimizer step under DDP, no_sync() never "
                      "used"],
                     "with model.no_sync() if not last_micro_batch else nullcontext(): "
-                    "loss.backward()", s["dur"], new, how)
+                    "loss.backward()", s["dur"], new, how, settings={"no_sync": True})
 
 
 RULES = (no_workers, oversubscribed, pil_decode, pin_memory, cpu_model, bf16, channels_last,

@@ -103,6 +103,7 @@ class StepClock:
         self.root_hooks: list = []
         self.global_hooks: list = []
         self.last_input = None
+        self.facts: dict = {}  # the last model facts written: the probe runs as the loop did
         self.sync_sites: dict[str, int] = {}
         self.no_sync_used = False
         self.gpu_pending: list = []
@@ -174,7 +175,8 @@ class StepClock:
             if first is not None:
                 self.last_root, self.last_input = module, first
                 if self.step % RECORD_EVERY == 0 and self.counts["forwards"] == 1:
-                    self.recorder.write(model_facts(module, first, self.step))
+                    self.facts = model_facts(module, first, self.step)
+                    self.recorder.write(self.facts)
                 self._gpu_mark_start(first)
         self.forward_depth += 1
 

@@ -28,18 +28,20 @@ def run_probes(clock) -> None:
     rng = torch.get_rng_state()
     threads = torch.get_num_threads()
     record = {"kind": "probe", "threads_now": threads, "batch": int(x.shape[0]) if x.dim() else 1}
+    # the loop's own autocast (the probe runs outside it, in the optimizer's hook)
+    loop_autocast = clock.facts.get("autocast_dtype") if clock.facts.get("autocast") else None
     try:
         model = copy.deepcopy(model_on).train()
-        record["base"] = _time(model, x)
+        record["base"] = _time(model, x, loop_autocast)
         if x.device.type == "cpu":
-            record["threads"] = _thread_probe(model, x, threads)
-        record.update(_batch_probe(model, x, clock.activation_bytes))
-        if _wants_bf16(model, x):
-            record["bf16"] = _time(model, x, autocast="bf16")
+            record["threads"] = _thread_probe(model, x, threads, loop_autocast)
+        record.update(_batch_probe(model, x, clock.activation_bytes, loop_autocast))
+        if loop_autocast is None and _wants_bf16(model, x):
+            record["bf16"] = _time(model, x, autocast="bfloat16")
         if _wants_channels_last(model, x):
             model_cl = copy.deepcopy(model).to(memory_format=torch.channels_last)
             record["channels_last"] = _time(model_cl, x.contiguous(
-                memory_format=torch.channels_last))
+                memory_format=torch.channels_last), loop_autocast)
         if x.device.type == "cpu" and torch.cuda.is_available():
             record["on_cuda"] = _time(copy.deepcopy(model).cuda(), x.cuda())
         if torch.cuda.is_available():
@@ -58,10 +60,11 @@ def run_probes(clock) -> None:
 
 
 def _time(model, x, autocast: str | None = None) -> float | dict:
-    """Median seconds of a forward + backward (a mean of the output as the loss)."""
+    """Median seconds of a forward + backward (a mean of the output as the loss), the forward
+    under autocast to `autocast` (a dtype's name) or none."""
     import torch
     cuda = x.device.type == "cuda"
-    context = (torch.autocast(x.device.type, dtype=torch.bfloat16) if autocast == "bf16"
+    context = (torch.autocast(x.device.type, dtype=getattr(torch, autocast)) if autocast
                else torch.autocast(x.device.type, enabled=False))
     seconds = []
     try:
@@ -84,19 +87,19 @@ def _time(model, x, autocast: str | None = None) -> float | dict:
     return statistics.median(seconds)
 
 
-def _thread_probe(model, x, threads: int) -> dict:
+def _thread_probe(model, x, threads: int, autocast: str | None) -> dict:
     import torch
     cores = CONFIG.get("cores") or len(os.sched_getaffinity(0))
     counts = sorted({1, max(1, threads // 2), threads, cores} & set(range(1, cores + 1)))
     times = {}
     for count in counts:
         torch.set_num_threads(count)
-        times[str(count)] = _time(model, x)
+        times[str(count)] = _time(model, x, autocast)
     torch.set_num_threads(threads)
     return times
 
 
-def _batch_probe(model, x, activation_bytes: int) -> dict:
+def _batch_probe(model, x, activation_bytes: int, autocast: str | None) -> dict:
     """The largest batch up to MAX_BATCH_FACTOR x that the free memory holds (activations
     measured in the first forward, x3 for their gradients and the backward's temporaries),
     timed on the batch repeated."""
@@ -113,7 +116,7 @@ def _batch_probe(model, x, activation_bytes: int) -> dict:
            "fits_batch": fits}
     if factor > 1:
         big = x.repeat(factor, *([1] * (x.dim() - 1)))
-        out["larger_batch"] = {"batch": batch * factor, "seconds": _time(model, big)}
+        out["larger_batch"] = {"batch": batch * factor, "seconds": _time(model, big, autocast)}
     return out
 
 
@@ -138,8 +141,7 @@ def _wants_bf16(model, x) -> bool:
         native = bool(CONFIG.get("bf16_native"))
     else:
         native = torch.cuda.is_bf16_supported()
-    return native and parameter.dtype == torch.float32 and not torch.is_autocast_enabled(
-        x.device.type)
+    return native and parameter.dtype == torch.float32
 
 
 def _wants_channels_last(model, x) -> bool:
