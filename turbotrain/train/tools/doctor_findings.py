@@ -75,6 +75,20 @@ def _share(part: float, whole: float) -> str:
 
 # ------------------------------------------------------------------------- the data side
 
+def _best_split(m: Measured, load: float, rest: float, compute_at) -> tuple | None:
+    """(step, workers, threads, compute) of the split of the cores between loader workers and
+    torch threads (workers + threads <= cores) with the shortest step, where step = max(the
+    main thread's forward+backward at t threads + `rest`, `load` seconds a step / workers)."""
+    best = None
+    for t in sorted(m.threads_probe()) or [m.torch_threads]:
+        for workers in range(1, m.cores - t + 1):
+            compute = compute_at(t)
+            new = max(compute + rest, load / workers)
+            if best is None or new < best[0]:
+                best = (new, workers, t, compute)
+    return best
+
+
 def no_workers(m: Measured) -> dict | None:
     s, loader = m.step, m.loader
     if loader is None or loader["num_workers"] != 0 or m.load_seconds is None \
@@ -83,13 +97,8 @@ def no_workers(m: Measured) -> dict | None:
     threads, probe = m.torch_threads, m.threads_probe()
     rest = s["optim"] + s["copy"] + s["other"]
     batches = max(1.0, s["batches"])
-    best = None
-    for t in sorted(probe):
-        for workers in range(1, m.cores - t + 1):  # workers + torch threads <= cores
-            compute = s["fwd_bwd"] * probe[t] / probe.get(threads, probe[t])
-            new = max(compute + rest, batches * m.load_seconds / workers)
-            if best is None or new < best[0]:
-                best = (new, workers, t, compute)
+    best = _best_split(m, batches * m.load_seconds, rest, lambda t: s["fwd_bwd"] * (
+        probe[t] / probe[threads] if t in probe and threads in probe else 1.0))
     if best is None:
         return None
     new, workers, t, compute = best
@@ -120,15 +129,14 @@ def oversubscribed(m: Measured) -> dict | None:
     workers, threads, probe = loader["num_workers"], m.torch_threads, m.threads_probe()
     if workers + threads <= m.cores or not probe:
         return None
-    fits = [t for t in probe if workers + t <= m.cores]
-    new_workers = workers if fits else max(1, m.cores - 1)
-    t = max(fits) if fits else 1
-    if t not in probe:
-        return None
-    compute = probe[t] * max(1.0, s["backwards"])  # the probe ran while the workers idled
-    load = max(1.0, s["batches"]) * (m.load_seconds or 0.0) / new_workers
+    # the probe ran while the workers idled: forward+backward without the contention
+    passes = max(1.0, s["backwards"])
+    load = max(1.0, s["batches"]) * (m.load_seconds or 0.0)
     rest = s["optim"] + s["copy"] + s["other"]
-    new = max(compute + rest, load)
+    best = _best_split(m, load, rest, lambda t: probe[t] * passes)
+    if best is None:
+        return None
+    new, new_workers, t, compute = best
     change = f"torch.set_num_threads({t})"
     if new_workers != workers:
         change = f"DataLoader(..., num_workers={new_workers}); " + change
@@ -139,7 +147,7 @@ def oversubscribed(m: Measured) -> dict | None:
                    f"{s['fwd_bwd'] / max(alone, 1e-9):.1f}x slower from the contention"
                    if alone else "")]
     how = (f"step = max(forward+backward at {t} thread(s) measured alone {_ms(compute)} + "
-           f"the rest {_ms(rest)}, loading {_ms(load)} a step with {new_workers} worker(s))"
+           f"the rest {_ms(rest)}, loading {_ms(load)} a step / {new_workers} worker(s))"
            f" = {_ms(new)}, against {_ms(s['dur'])} now")
     return _finding("oversubscribed", "loader workers and torch threads share too few cores",
                     evidence, change, s["dur"], new, how, loader.get("site"),

@@ -16,7 +16,8 @@ from .doctor_hook import CONFIG, PROBE_REPEATS, _first_tensor, _now
 # The first two passes of a new shape or dtype are untimed: oneDNN creates its primitives
 # and the allocator grows (the first took 50x the third on a 600-parameter conv net).
 UNTIMED = 2
-MAX_BATCH_FACTOR = 16  # a larger batch is probed at most 16x the script's
+MAX_BATCH_FACTOR = 16  # a larger batch is probed at most 16x the script's ...
+MAX_PROBE_BATCH = 512  # ... and 512 samples: past that, per-step overheads are amortised
 MEMORY_SHARE = 0.5  # a batch "fits" when its activations take at most half the free memory
 
 
@@ -110,7 +111,7 @@ def _batch_probe(model, x, activation_bytes: int, autocast: str | None) -> dict:
     per_batch = 3 * activation_bytes
     fits = int(MEMORY_SHARE * free // per_batch) * batch if free else batch
     factor = 1
-    while factor * 2 <= MAX_BATCH_FACTOR and batch * factor * 2 <= fits:
+    while factor * 2 <= MAX_BATCH_FACTOR and batch * factor * 2 <= min(fits, MAX_PROBE_BATCH):
         factor *= 2
     out = {"activation_bytes": activation_bytes, "free_memory": free,
            "fits_batch": fits}
