@@ -82,6 +82,9 @@ def batches(args, data, rank: int, world: int):
     if world > 1:
         from torch.utils.data.distributed import DistributedSampler
         sampler = DistributedSampler(data, num_replicas=world, rank=rank)
+    if len(data) < world * args.batch_size:  # drop_last would leave no batch at all
+        raise SystemExit(f"{len(data)} samples: fewer than one batch of {args.batch_size} "
+                         f"for each of {world} rank(s)")
     loader = DataLoader(data, batch_size=args.batch_size, num_workers=args.workers,
                         pin_memory=args.pin_memory, shuffle=sampler is None, sampler=sampler,
                         drop_last=True, persistent_workers=args.workers > 0)

@@ -70,7 +70,9 @@ def test_plain_loop_with_num_workers_zero_and_pil_decode(tmp_path, jpegs):
     assert process["verdict"] == "input-bound"
     assert process["decode_share"] > 0.5  # PIL's decode, timed in the fetch
     assert ids(process)[0] == "num_workers"
-    assert process["findings"][0]["site"].endswith("doctor_script.py:85")
+    line = next(n for n, text in enumerate(Path(SCRIPT).read_text().splitlines(), start=1)
+                if "loader = DataLoader(" in text)
+    assert process["findings"][0]["site"] == f"{SCRIPT}:{line}"  # the line that made it
     assert "verdict: input-bound" in done.stderr and "1. the DataLoader loads" in done.stderr
     assert (tmp_path / "timeline.png").stat().st_size > 0
 

@@ -73,7 +73,8 @@ def analyse(process: dict, machine: dict) -> dict:
     measured = Measured(
         step=mean, loader=loaders[-1] if loaders else None, model=report["model"],
         probe=(kinds.get("probe") or [None])[-1],
-        load_seconds=statistics.median(f["s"] for f in fetches) if fetches else None,
+        # the mean, not the median: throughput pays for the slow batches too
+        load_seconds=statistics.fmean(f["s"] for f in fetches) if fetches else None,
         decode_share=(sum(f["decode"] for f in fetches) / sum(f["s"] for f in fetches)
                       if fetches and sum(f["s"] for f in fetches) > 0 else 0.0),
         batch=(kinds.get("batch") or [None])[-1],

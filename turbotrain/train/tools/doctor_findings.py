@@ -28,7 +28,7 @@ class Measured:
     loader: dict | None
     model: dict | None
     probe: dict | None
-    load_seconds: float | None  # median seconds to fetch one batch (worker or main process)
+    load_seconds: float | None  # mean seconds to fetch one batch (worker or main process)
     decode_share: float  # PIL decode / fetch time
     batch: dict | None  # the first batch's device and pinning
     syncs: dict
@@ -257,6 +257,7 @@ def larger_batch(m: Measured) -> dict | None:
     if not isinstance(big.get("seconds"), (int, float)) or not base or batch == 0 \
             or fits < FAR_BELOW * batch:
         return None
+    base = big.get("base") if isinstance(big.get("base"), (int, float)) else base  # its pair
     k = big["batch"] / batch
     # per-sample parts (loading, copying) grow with the batch; the forward+backward as the
     # probe measured it; the optimizer and Python around the step stay one per step
@@ -270,8 +271,8 @@ def larger_batch(m: Measured) -> dict | None:
     return _finding("batch_size", "the batch is far below what memory holds",
                     [f"batch {batch}; its activations took {probe['activation_bytes'] / 2**20:.1f}"
                      f" MiB, so about {fits} fit in half the free memory"],
-                    f"DataLoader(..., batch_size={big['batch']}) and scale the learning rate "
-                    f"with it (x{k:g}, with a warm-up)", s["dur"], same_images, how,
+                    f"{'DataLoader(..., ' if m.loader else '('}batch_size={big['batch']}) and "
+                    f"scale the learning rate with it (x{k:g}, with a warm-up)", s["dur"], same_images, how,
                     (m.loader or {}).get("site"), {"batch_size": big["batch"]})
 
 

@@ -36,6 +36,7 @@ def _forked() -> None:
     CLOCK.active_steps = False
     CLOCK.recorder = Recorder.__new__(Recorder)
     CLOCK.recorder.folder, CLOCK.recorder.file = CONFIG["dir"], None
+    CLOCK.recorder.flush_every, CLOCK.recorder.flushed = 0.0, 0.0
     CLOCK.recorder.write = _open_then_write(CLOCK.recorder)
 
 
@@ -53,6 +54,8 @@ def _at_exit() -> None:
             CLOCK.finish("exited")
         except BaseException:  # noqa: BLE001: nothing may change how the script exits
             pass
+    if CLOCK is not None and CLOCK.recorder.file is not None:
+        CLOCK.recorder.flush()
 
 
 class ImportWatcher(importlib.abc.MetaPathFinder):

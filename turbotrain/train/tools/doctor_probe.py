@@ -33,16 +33,26 @@ def run_probes(clock) -> None:
     loop_autocast = clock.facts.get("autocast_dtype") if clock.facts.get("autocast") else None
     try:
         model = copy.deepcopy(model_on).train()
-        record["base"] = _time(model, x, loop_autocast)
+        # every variant timed in turn, round after round, so a machine whose speed drifts
+        # (other work starting) moves all of them alike
+        variants = {"base": (model, x, loop_autocast, threads)}
         if x.device.type == "cpu":
-            record["threads"] = _thread_probe(model, x, threads, loop_autocast)
-        record.update(_batch_probe(model, x, clock.activation_bytes, loop_autocast))
+            for count in _thread_counts(threads):
+                variants[f"threads:{count}"] = (model, x, loop_autocast, count)
         if loop_autocast is None and _wants_bf16(model, x):
-            record["bf16"] = _time(model, x, autocast="bfloat16")
+            variants["bf16"] = (model, x, "bfloat16", threads)
         if _wants_channels_last(model, x):
-            model_cl = copy.deepcopy(model).to(memory_format=torch.channels_last)
-            record["channels_last"] = _time(model_cl, x.contiguous(
-                memory_format=torch.channels_last), loop_autocast)
+            variants["channels_last"] = (
+                copy.deepcopy(model).to(memory_format=torch.channels_last),
+                x.contiguous(memory_format=torch.channels_last), loop_autocast, threads)
+        times = _interleaved(variants)
+        record["base"] = times.pop("base")
+        threads_times = {k.split(":")[1]: times.pop(k) for k in list(times)
+                         if k.startswith("threads:")}
+        if threads_times:
+            record["threads"] = threads_times
+        record.update(times)
+        record.update(_batch_probe(model, x, clock.activation_bytes, loop_autocast, threads))
         if x.device.type == "cpu" and torch.cuda.is_available():
             record["on_cuda"] = _time(copy.deepcopy(model).cuda(), x.cuda())
         if torch.cuda.is_available():
@@ -60,47 +70,59 @@ def run_probes(clock) -> None:
     clock.recorder.write(record)
 
 
-def _time(model, x, autocast: str | None = None) -> float | dict:
-    """Median seconds of a forward + backward (a mean of the output as the loss), the forward
+def _pass(model, x, autocast: str | None) -> float:
+    """Seconds of one forward + backward (a mean of the output as the loss), the forward
     under autocast to `autocast` (a dtype's name) or none."""
     import torch
     cuda = x.device.type == "cuda"
     context = (torch.autocast(x.device.type, dtype=getattr(torch, autocast)) if autocast
                else torch.autocast(x.device.type, enabled=False))
-    seconds = []
-    try:
-        for repeat in range(PROBE_REPEATS + UNTIMED):
-            model.zero_grad(set_to_none=True)
-            if cuda:
-                torch.cuda.synchronize()
-            started = _now()
-            with context:
-                out = _first_tensor(model(x))
-            out.float().mean().backward()
-            if cuda:
-                torch.cuda.synchronize()
-            if repeat >= UNTIMED:
-                seconds.append(_now() - started)
-    except (RuntimeError, MemoryError) as e:  # out of memory, an op without bf16
-        return {"error": str(e).splitlines()[0][:200]}
-    finally:
-        model.zero_grad(set_to_none=True)
-    return statistics.median(seconds)
+    model.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize()
+    started = _now()
+    with context:
+        out = _first_tensor(model(x))
+    out.float().mean().backward()
+    if cuda:
+        torch.cuda.synchronize()
+    model.zero_grad(set_to_none=True)
+    return _now() - started
 
 
-def _thread_probe(model, x, threads: int, autocast: str | None) -> dict:
+def _interleaved(variants: dict) -> dict:
+    """name -> median seconds (or {"error": ...}) of (model, x, autocast, threads) variants:
+    UNTIMED passes each, then PROBE_REPEATS rounds of one pass each, in turn."""
     import torch
+    seconds: dict = {name: [] for name in variants}
+    failed: dict = {}
+    for round_ in range(UNTIMED + PROBE_REPEATS):
+        for name, (model, x, autocast, threads) in variants.items():
+            if name in failed:
+                continue
+            torch.set_num_threads(threads)
+            try:
+                took = _pass(model, x, autocast)
+            except (RuntimeError, MemoryError) as e:  # out of memory, an op without bf16
+                failed[name] = {"error": str(e).splitlines()[0][:200]}
+                continue
+            if round_ >= UNTIMED:
+                seconds[name].append(took)
+    return {name: failed.get(name) or statistics.median(seconds[name]) for name in variants}
+
+
+def _time(model, x, autocast: str | None = None) -> float | dict:
+    """Median seconds of forward + backward, this variant alone."""
+    import torch
+    return _interleaved({"it": (model, x, autocast, torch.get_num_threads())})["it"]
+
+
+def _thread_counts(threads: int) -> list[int]:
     cores = CONFIG.get("cores") or len(os.sched_getaffinity(0))
-    counts = sorted({1, max(1, threads // 2), threads, cores} & set(range(1, cores + 1)))
-    times = {}
-    for count in counts:
-        torch.set_num_threads(count)
-        times[str(count)] = _time(model, x, autocast)
-    torch.set_num_threads(threads)
-    return times
+    return sorted({1, max(1, threads // 2), threads, cores} & set(range(1, cores + 1)))
 
 
-def _batch_probe(model, x, activation_bytes: int, autocast: str | None) -> dict:
+def _batch_probe(model, x, activation_bytes: int, autocast: str | None, threads: int) -> dict:
     """The largest batch up to MAX_BATCH_FACTOR x that the free memory holds (activations
     measured in the first forward, x3 for their gradients and the backward's temporaries),
     timed on the batch repeated."""
@@ -117,7 +139,10 @@ def _batch_probe(model, x, activation_bytes: int, autocast: str | None) -> dict:
            "fits_batch": fits}
     if factor > 1:
         big = x.repeat(factor, *([1] * (x.dim() - 1)))
-        out["larger_batch"] = {"batch": batch * factor, "seconds": _time(model, big, autocast)}
+        times = _interleaved({"base": (model, x, autocast, threads),
+                              "big": (model, big, autocast, threads)})
+        out["larger_batch"] = {"batch": batch * factor, "seconds": times["big"],
+                               "base": times["base"]}
     return out
 
 
