@@ -457,6 +457,46 @@ def render_remote(data: dict, where: Where) -> Body:
     return body
 
 
+@renders("doctor")
+def render_doctor(data: dict, where: Where) -> Body:
+    cases = data.get("cases", [])
+    rows = []
+    for c in cases:
+        found = c.get("top") or c.get("skipped") or c.get("error")
+        error = c.get("error_pct")
+        rows.append([c["case"], f"`{c.get('expected')}`", found, times(c.get("predicted")),
+                     times(c.get("measured")), None if error is None else f"{error:+.0f}%"])
+    body = Body([f"`turbotrain doctor` on bench/doctor_script.py with one planted mistake each "
+                 f"({data.get('cores')} cores, native bf16: {data.get('cpu_native_bf16')}); the "
+                 f"top finding's change applied; speedup of the script's own images/s, best of "
+                 f"{data.get('rounds')} runs before and after, {data.get('steps')} timed "
+                 "steps.\n"])
+    body.lines += md_table(["planted mistake", "expected finding", "top finding",
+                            "predicted", "measured", "predicted vs measured"], rows)
+    hook = data.get("overhead", [])
+    body.lines += md_table(["hook overhead on", "images/s without", "with the hook",
+                            "overhead"],
+                           [[h.get("case"), rate(max(filter(None, h.get("without", [])),
+                                                     default=None)),
+                             rate(max(filter(None, h.get("with_hook", [])), default=None)),
+                             None if h.get("overhead_pct") is None
+                             else f"{h['overhead_pct']:.1f}%"] for h in hook])
+    done = [c for c in cases if "skipped" not in c]
+    errors = [abs(c["error_pct"]) for c in done if c.get("error_pct") is not None]
+    overheads = [h["overhead_pct"] for h in hook if h.get("overhead_pct") is not None]
+    body.goals += [
+        Goal("doctor", "the top finding is the planted mistake, every case", "all",
+             f"{sum(bool(c.get('right')) for c in done)}/{len(done)}",
+             all(c.get("right") for c in done) if done else None),
+        Goal("doctor", "predicted speedup vs measured, the worst case", "within 30 %",
+             f"{max(errors):.0f}%" if errors else "-",
+             (len(errors) == len(done) and max(errors) <= 30) if errors else None),
+        Goal("doctor", "the hook's overhead on a step", "<= 2 %",
+             f"{max(overheads):.1f}%" if overheads else "-",
+             max(overheads) <= 2 if overheads else None)]
+    return body
+
+
 @renders("demo")
 def render_demo(data: dict, where: Where) -> Body:
     demo, budgets = data.get("demo") or {}, data.get("budgets") or []
