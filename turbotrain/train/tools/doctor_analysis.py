@@ -69,12 +69,14 @@ def analyse(process: dict, machine: dict) -> dict:
                                 if gpu and mean["dur"] > 0 else None)
     report["verdict"] = verdict_of(shares["wait"], shares["fwd_bwd"] + shares["optim"],
                                    shares["copy"])
-    fetches = kinds.get("fetch", [])
+    fetches = kinds.get("fetch", []) + [  # loader workers' records, then this process's
+        {"s": st["fetch_s"], "decode": st["decode_s"], "batches": st["fetched"]}
+        for st in steps if st.get("fetched")]
     measured = Measured(
         step=mean, loader=loaders[-1] if loaders else None, model=report["model"],
         probe=(kinds.get("probe") or [None])[-1],
         # the mean, not the median: throughput pays for the slow batches too
-        load_seconds=statistics.fmean(f["s"] for f in fetches) if fetches else None,
+        load_seconds=_per_batch(fetches),
         decode_share=(sum(f["decode"] for f in fetches) / sum(f["s"] for f in fetches)
                       if fetches and sum(f["s"] for f in fetches) > 0 else 0.0),
         batch=(kinds.get("batch") or [None])[-1],
@@ -86,6 +88,12 @@ def analyse(process: dict, machine: dict) -> dict:
     report["decode_share"] = round(measured.decode_share, 4)
     report["findings"] = findings_of(measured)
     return report
+
+
+def _per_batch(fetches: list[dict]) -> float | None:
+    """Mean seconds to load one batch; a step's own record may hold several batches."""
+    batches = sum(f.get("batches", 1) for f in fetches)
+    return sum(f["s"] for f in fetches) / batches if batches else None
 
 
 def _timed_steps(steps: list[dict]) -> list[dict]:

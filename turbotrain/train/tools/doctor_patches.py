@@ -270,10 +270,14 @@ def _timed_fetch(original):
         started = _now()
         batch = original(self, possibly_batched_index)
         seconds = _now() - started
+        if getattr(CLOCK, "active_steps", True):  # the training process: booked with the step
+            CLOCK.counts["fetch_s"] += seconds
+            CLOCK.counts["decode_s"] += DECODE[0]
+            CLOCK.counts["fetched"] += 1
+            return batch
         samples = len(possibly_batched_index) if self.auto_collation else 1
-        CLOCK.recorder.write({"kind": "fetch", "s": round(seconds, 7), "n": samples,
-                              "decode": round(DECODE[0], 7), "pid": os.getpid(),
-                              "ppid": os.getppid()})
+        CLOCK.recorder.write({"kind": "fetch", "s": seconds, "n": samples, "decode": DECODE[0],
+                              "pid": os.getpid(), "ppid": os.getppid()})
         return batch
     return fetch
 
