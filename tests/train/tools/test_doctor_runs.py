@@ -75,6 +75,11 @@ def test_plain_loop_with_num_workers_zero_and_pil_decode(tmp_path, jpegs):
     assert process["findings"][0]["site"] == f"{SCRIPT}:{line}"  # the line that made it
     assert "verdict: input-bound" in done.stderr and "1. the DataLoader loads" in done.stderr
     assert (tmp_path / "timeline.png").stat().st_size > 0
+    # what turbotrain would do with the same ImageFolder, measured on a sample of it
+    data = process["turbotrain_data"]
+    assert data["root"] == str(jpegs) and data["sample"] == 48 and data["yours"] > 0
+    assert data["images_per_second"] > 0 and data["image_size"] == 32
+    assert f"turbotrain prepare-dataset {jpegs} PREPARED" in done.stderr
 
 
 def test_no_worker_finding_with_workers_that_fit_the_cores(tmp_path, jpegs):

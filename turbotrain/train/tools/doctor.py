@@ -35,6 +35,9 @@ def add_doctor_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="store_true",
                    help="end the script once the steps are timed and probed (exit code 0); "
                         "default: let it run to its end")
+    p.add_argument("--data-estimate", action=argparse.BooleanOptionalAction, default=True,
+                   help="when the run is input-bound on an ImageFolder: prepare a sample of "
+                        "it and time turbotrain's loader on it (a few seconds; default: on)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the training command, e.g. -- python train.py --epochs 1, "
                         "-- torchrun --nproc-per-node 2 train.py, -- python -m mypackage.train")
@@ -85,6 +88,8 @@ def run_doctor(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: the measurements in {out / MEASUREMENTS} could not be read "
               f"({e!r}); the script's exit code was {end.returncode}", file=sys.stderr)
         return end.returncode
+    if args.data_estimate:
+        _add_data_estimate(report, machine["cores"])
     write_file(out / "doctor.json", json.dumps(report, indent=2) + "\n")
     timeline = _plot(out, report, read_measurements(out / MEASUREMENTS))
     print("\n".join(report_lines(report, out, timeline)), file=sys.stderr)
@@ -96,6 +101,16 @@ def build_report(files: dict, machine: dict, command: list[str], returncode: int
     reports = [analyse(p, machine) for p in processes(files)]
     return {"command": command, "exit_code": returncode, "interrupted": interrupted,
             "machine": machine, "processes": reports, "summary": summary(reports)}
+
+
+def _add_data_estimate(report: dict, cores: int) -> None:
+    """turbotrain's loader timed on a sample of the first input-bound process's ImageFolder."""
+    # lazy: prepare, the pipelines and torch load only for an input-bound ImageFolder run
+    from .doctor_data import turbotrain_estimate, wants_estimate
+    for process in report["processes"]:
+        if wants_estimate(process):
+            process["turbotrain_data"] = turbotrain_estimate(process, cores)
+            return
 
 
 def report_lines(report: dict, out: Path, timeline: Path | None) -> list[str]:
@@ -140,7 +155,23 @@ def process_lines(p: dict, ranked: bool) -> list[str]:
         lines.append(f"   estimate: {f['estimate']}")
     if p["timed_steps"] and not p["findings"]:
         lines.append("no finding: nothing on the doctor's list would gain 5 % here")
+    if "turbotrain_data" in p:
+        lines += estimate_lines(p["turbotrain_data"])
     return lines
+
+
+def estimate_lines(estimate: dict) -> list[str]:
+    if "error" in estimate:
+        return [f"  turbotrain's loader on the same data: not measured ({estimate['error']})"]
+    yours = (f" against your loader's {estimate['yours']:,.0f}" if estimate.get("yours")
+             else "")
+    return [f"turbotrain on the same data: its pytorch pipeline loads "
+            f"{estimate['images_per_second']:,.0f} images/s ({estimate['image_size']} px, "
+            f"batch {estimate['batch_size']}, all cores; `turbotrain bench` on "
+            f"{estimate['sample']} of the images){yours}:",
+            f"   turbotrain prepare-dataset {estimate['root']} PREPARED",
+            f"   loader = turbotrain.Loader('PREPARED', batch_size={estimate['batch_size']}, "
+            f"image_size={estimate['image_size']}, normalize=True)"]
 
 
 def _plot(out: Path, report: dict, files: dict) -> Path | None:
