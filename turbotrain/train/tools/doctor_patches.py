@@ -13,6 +13,7 @@ import os
 import sys
 
 from .doctor_hook import CONFIG, Recorder, StepClock, _first_tensor, _now, _user_site
+from .doctor_probe import run_probes
 
 CLOCK: StepClock | None = None
 DECODE = [0.0]  # seconds in PIL decode since the last fetch was booked (per process)
@@ -23,6 +24,7 @@ def install() -> None:
     if not CONFIG.get("dir") or CLOCK is not None:
         return
     CLOCK = StepClock(Recorder(CONFIG["dir"]))
+    CLOCK.run_probes = run_probes
     os.register_at_fork(after_in_child=_forked)
     atexit.register(_at_exit)
     sys.meta_path.insert(0, ImportWatcher({"torch": _patch_torch, "PIL.ImageFile": _patch_pil}))
