@@ -176,8 +176,12 @@ def _timed_backward(original):
 
 
 def _timed_copy(original):
+    # torch.compile traces these wrappers where the model calls .to()/.item(): under
+    # tracing they are the original call, so timing never breaks a compiled graph
+    compiling = _compiling()
+
     def copy(self, *args, **kwargs):
-        if not CLOCK.active or CLOCK.probing:
+        if not CLOCK.active or CLOCK.probing or compiling():
             return original(self, *args, **kwargs)
         started = _now()
         result = original(self, *args, **kwargs)
@@ -189,8 +193,11 @@ def _timed_copy(original):
 
 
 def _counted_sync(original):
+    compiling = _compiling()
+
     def synchronising(self, *args, **kwargs):
-        if CLOCK.active and not CLOCK.probing and self.is_cuda and CLOCK.last_end is not None:
+        if CLOCK.active and not CLOCK.probing and self.is_cuda and CLOCK.last_end is not None \
+                and not compiling():
             CLOCK.counts["syncs"] += 1
             site = _user_site()
             if site is not None:
@@ -203,6 +210,11 @@ def _counted_sync(original):
         return original(self, *args, **kwargs)
     synchronising.__name__ = original.__name__
     return synchronising
+
+
+def _compiling():
+    import torch
+    return getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
 def _noting_site(original):
