@@ -128,6 +128,13 @@ def ratio_goal(what: str, measured: float | None, goal: float) -> dict:
             "met": None if measured is None else measured >= goal}
 
 
+def worded_goal(what: str, goal: str, measured: str | None, met: bool | None) -> dict:
+    """A goal that is no single ratio ("all cases", "within 30 %"), as a result file records
+    it; "met" is None when nothing was measured."""
+    return {"what": what, "goal_text": goal, "measured": measured,
+            "met": None if measured is None else met}
+
+
 def command_line(script: str, argv: list[str] | None) -> str:
     """The command a result file records: `python bench/SCRIPT ARGS` (no venv path), the
     same form run_all.py runs and BENCHMARKS.md shows."""

@@ -73,6 +73,9 @@ BENCHMARKS = (
               "Datasets in object storage: shard cache vs local, obstore vs s3fs"),
     # issue 32: turbotrain demo + --time-budget, ~6 min
     Benchmark("demo", "bench_demo.py", "turbotrain demo, and --time-budget honoured (issue 32)"),
+    # issue 43: the doctor's advice applied, predicted vs measured
+    Benchmark("doctor", "bench_doctor.py",
+              "turbotrain doctor: its top finding applied, predicted vs measured speedup"),
     # gpu_check.py's own default output is bench/results/gpu_check.json; said explicitly.
     Benchmark("gpu_check", "gpu_check.py", "GPU", ("--json", "bench/results/gpu_check.json"),
               needs_cuda=True),

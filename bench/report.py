@@ -88,12 +88,14 @@ def status_line(status: dict | None, data: dict | None) -> str | None:
 
 def goal_row(name: str, g: dict) -> list:
     """A recorded goal as the Goals table shows it: a ratio (common.ratio_goal), a time limit
-    ("seconds" under "goal_seconds") or gpu_check's worded goals."""
+    ("seconds" under "goal_seconds"), a worded goal (common.worded_goal) or gpu_check's."""
     met = {True: "met", False: "**not met**", None: "not measured"}[g.get("met")]
     if "goal_seconds" in g:
         return [name, g["what"], f"< {g['goal_seconds']:g} s", f"{g['seconds']:.2f} s", met]
     if "ratio" in g:
         return [name, g["what"], f">= {g['goal']:g}x", times(g["ratio"]), met]
+    if "goal_text" in g:
+        return [name, g["what"], g["goal_text"], g["measured"], met]
     return [name, g["goal"], "-", g.get("measured"), g.get("verdict")]
 
 

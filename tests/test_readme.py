@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -63,6 +64,7 @@ STAND_INS = {
     "run.yaml": "{cwd}/run.yaml",                # RUN_YAML, written by the rule's setup
     "my-photos/": "{source}",                    # predict's folder: the 60 source JPEGs
     "--nproc-per-node 8": "--nproc-per-node 2",  # 2 CPU processes (Gloo) instead of 8 GPUs
+    "train.py": "{cwd}/train.py",                # the doctor's script: bench/doctor_script.py
     "--nnodes 4": "--nnodes 1",                  # this machine plays every node ...
     "node01:29500": "127.0.0.1:{port}",          # ... and hosts the rendezvous on a free port
 }
@@ -547,6 +549,24 @@ def check_export(ran: Ran) -> None:
     assert re.search(r"largest \|logit difference\| \S+ \(tolerance", ran.stdout), ran.stdout
 
 
+def your_training_script(box: Sandbox) -> None:
+    """"Already have a training script?": a plain PyTorch loop (bench/doctor_script.py, its
+    30 steps of random tensors; one thread, as OMP_NUM_THREADS says here) as the user's
+    train.py."""
+    shutil.copyfile(REPO / "bench" / "doctor_script.py", box.cwd / "train.py")
+
+
+def check_doctor(ran: Ran) -> None:
+    """The report on stderr and in doctor/doctor.json: timed steps, shares, the verdict."""
+    report = json.loads((ran.box.cwd / "doctor" / "doctor.json").read_text())
+    process = report["processes"][0]
+    words = ran.command.text.split()
+    assert process["timed_steps"] == int(words[words.index("--steps") + 1]), process
+    assert process["ended"] == "stopped" and "RESULT" not in ran.stdout  # --stop ended it
+    assert re.search(r"^verdict: (input|copy|host|compute)-bound$", ran.stderr, re.M), ran.stderr
+    assert (ran.box.cwd / "doctor" / "timeline.png").is_file()
+
+
 # README command (regex over the whole command, comments dropped) -> how the test runs it. The
 # first rule that matches wins.
 RULES = [
@@ -575,6 +595,8 @@ RULES = [
          check=check_export),
     Rule(r"turbotrain tune --data OUT( .*)?", append=TUNE_SMALL, check=check_tune),
     Rule(r"turbotrain info( --data \S+)?( --machine \S+)?", check=check_info),
+    Rule(r"turbotrain doctor --steps \d+ --stop -- python train\.py", setup=your_training_script,
+         check=check_doctor),
     Rule(r"torchrun .*-m turbotrain train .*", append=TRAIN_SMALL_DDP, check=check_torchrun),
 ]
 

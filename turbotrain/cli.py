@@ -8,6 +8,7 @@
     turbotrain bench --data OUT ...
     turbotrain tune --data OUT ...     (the fastest train settings on this machine)
     turbotrain info                    (versions, CPU/GPU features, what train would pick)
+    turbotrain doctor -- python train.py   (your own script: where the time goes, what to change)
     turbotrain eval --run RUNDIR | predict --run RUNDIR IMAGES | export --run RUNDIR --format F
 
 Heavy packages (torch, cv2, DALI, FFCV) are imported inside each command, so `--help` and
@@ -342,6 +343,12 @@ def _demo_command():
     return add_demo_arguments, run_demo
 
 
+def _doctor_command():
+    # lazy: the doctor's parent never needs torch until it draws the timeline
+    from .train.tools.doctor import add_doctor_arguments, run_doctor
+    return add_doctor_arguments, run_doctor
+
+
 def _eval_command():
     # lazy: torch (~1.5 s) loads only for the command that needs it
     from .train.use.evaluate import add_eval_arguments, run_eval
@@ -380,6 +387,8 @@ COMMANDS = {
              _tune_command),
     "info": ("versions, CPU/GPU features, usable pipelines and what train would pick here",
              _info_command),
+    "doctor": ("run your own training script with a hook: where each step's time goes, "
+               "the verdict, and what to change (-- python train.py)", _doctor_command),
     "eval": ("a trained model's accuracy on a prepared split: eval.json, confusion.png",
              _eval_command),
     "predict": ("class names and probabilities for image files, as a CSV", _predict_command),

@@ -29,15 +29,9 @@ from ..models.models import get_model_spec
 from ..plan.facts import jpeg_fraction, largest_side
 from ..plan.hardware import cpu_native_bf16
 from ..step.device import device_memory_bytes, peak_device_memory_bytes
+from .verdict import HOST_ISSUE_BOUND, verdict_of
 
-# TensorFlow's profiler calls a run "highly input-bound" from 20 % of step time waiting for
-# input: removing a 20 % wait makes the run 1.25x faster, worth changing the pipeline for.
-INPUT_BOUND = 0.20
 SOME_INPUT_WAIT = 0.05  # below this the loader is keeping up
-# Host launch time / GPU span of a step at or above this: the GPU idles until Python has
-# launched the last kernel, so a faster GPU would not help (85 %: within the probe's noise).
-HOST_ISSUE_BOUND = 0.85
-HOST_BOUND = 0.20  # loop overhead (logging, syncs) outside data wait and compute
 MIN_TIMED_STEPS = 3
 # Stored images this much larger (per side) than the training size: decode is spending most of
 # its time on pixels that the crop then throws away.
@@ -108,15 +102,17 @@ def diagnose(f: Facts) -> Diagnosis:
                "timed_steps": f.timed_steps, "images_per_second": f.images_per_second,
                "host_issue_fraction": f.host_issue_fraction}
     rate = f"; {f.images_per_second:,.0f} images/s" if f.images_per_second else ""
-    if wait >= INPUT_BOUND:
+    verdict = verdict_of(wait, compute, host_issue_fraction=f.host_issue_fraction)
+    if verdict == "input-bound":
         return Diagnosis("input-bound", f"input-bound: {wait:.0%} of each step waits for data "
                          f"({numbers['data_wait_ms']:.1f} of {step_ms:.1f} ms){rate}",
                          numbers, _input_steps(f))
-    if f.host_issue_fraction is not None and f.host_issue_fraction >= HOST_ISSUE_BOUND:
+    if verdict == "host-bound" and f.host_issue_fraction is not None \
+            and f.host_issue_fraction >= HOST_ISSUE_BOUND:
         return Diagnosis("host-bound", f"host-bound: the GPU finishes each step right after "
                          f"the host's last launch (launch time {f.host_issue_fraction:.0%} of "
                          f"the GPU time): it waits for Python{rate}", numbers, _host_steps(f))
-    if overhead >= HOST_BOUND:
+    if verdict == "host-bound":
         return Diagnosis("host-bound", f"host/overhead-bound: {overhead:.0%} of each step is "
                          f"neither data wait nor compute (logging, synchronisation){rate}",
                          numbers, _host_steps(f))

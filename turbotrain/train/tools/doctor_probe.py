@@ -1,0 +1,194 @@
+"""After the timed window, the hook measures on a copy of the model and the last batch what
+each change would do to forward+backward: other torch thread counts, a larger batch, bf16
+autocast, channels_last, the GPU, a pinned copy. The copy keeps the script's model, optimizer
+and RNG streams as they were (the RNG states are restored), so the run goes on unchanged.
+Each variant: one untimed pass, then the median of PROBE_REPEATS (a variant that fails, e.g.
+out of memory, is recorded as its error).
+"""
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+
+from .doctor_hook import CONFIG, PROBE_REPEATS, _first_tensor, _now
+
+# The first two passes of a new shape or dtype are untimed: oneDNN creates its primitives
+# and the allocator grows (the first took 50x the third on a 600-parameter conv net).
+UNTIMED = 2
+MAX_BATCH_FACTOR = 16  # a larger batch is probed at most 16x the script's ...
+MAX_PROBE_BATCH = 512  # ... and 512 samples: past that, per-step overheads are amortised
+MEMORY_SHARE = 0.5  # a batch "fits" when its activations take at most half the free memory
+
+
+def run_probes(clock) -> None:
+    import torch
+    root, x = clock.last_root, clock.last_input
+    model_on = getattr(root, "module", root)
+    clock.probing = True
+    rng = torch.get_rng_state()
+    threads = torch.get_num_threads()
+    record = {"kind": "probe", "threads_now": threads, "batch": int(x.shape[0]) if x.dim() else 1}
+    # the loop's own autocast (the probe runs outside it, in the optimizer's hook)
+    loop_autocast = clock.facts.get("autocast_dtype") if clock.facts.get("autocast") else None
+    try:
+        model = copy.deepcopy(model_on).train()
+        # every variant timed in turn, round after round, so a machine whose speed drifts
+        # (other work starting) moves all of them alike
+        variants = {"base": (model, x, loop_autocast, threads)}
+        if x.device.type == "cpu":
+            for count in _thread_counts(threads):
+                variants[f"threads:{count}"] = (model, x, loop_autocast, count)
+        if loop_autocast is None and _wants_bf16(model, x):
+            variants["bf16"] = (model, x, "bfloat16", threads)
+        if _wants_channels_last(model, x):
+            variants["channels_last"] = (
+                copy.deepcopy(model).to(memory_format=torch.channels_last),
+                x.contiguous(memory_format=torch.channels_last), loop_autocast, threads)
+        times = _interleaved(variants)
+        record["base"] = times.pop("base")
+        threads_times = {k.split(":")[1]: times.pop(k) for k in list(times)
+                         if k.startswith("threads:")}
+        if threads_times:
+            record["threads"] = threads_times
+        record.update(times)
+        record.update(_batch_probe(model, x, clock.activation_bytes, loop_autocast, threads))
+        if x.device.type == "cpu" and torch.cuda.is_available():
+            record["on_cuda"] = _time(copy.deepcopy(model).cuda(), x.cuda())
+        if torch.cuda.is_available():
+            record.update(_copy_probe(x.cpu()))
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            free, total = torch.cuda.mem_get_info()
+            record["cuda_memory"] = {"free": free, "total": total,
+                                     "peak": torch.cuda.max_memory_allocated()}
+    except Exception as e:  # noqa: BLE001: a probe that fails must not end the script
+        record["error"] = repr(e)[:300]
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_rng_state(rng)
+        clock.probing = False
+    clock.recorder.write(record)
+
+
+def _pass(model, x, autocast: str | None) -> float:
+    """Seconds of one forward + backward (a mean of the output as the loss), the forward
+    under autocast to `autocast` (a dtype's name) or none."""
+    import torch
+    cuda = x.device.type == "cuda"
+    context = (torch.autocast(x.device.type, dtype=getattr(torch, autocast)) if autocast
+               else torch.autocast(x.device.type, enabled=False))
+    model.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize()
+    started = _now()
+    with context:
+        out = _first_tensor(model(x))
+    out.float().mean().backward()
+    if cuda:
+        torch.cuda.synchronize()
+    model.zero_grad(set_to_none=True)
+    return _now() - started
+
+
+def _interleaved(variants: dict) -> dict:
+    """name -> median seconds (or {"error": ...}) of (model, x, autocast, threads) variants:
+    UNTIMED passes each, then PROBE_REPEATS rounds of one pass each, in turn."""
+    import torch
+    seconds: dict = {name: [] for name in variants}
+    failed: dict = {}
+    for round_ in range(UNTIMED + PROBE_REPEATS):
+        for name, (model, x, autocast, threads) in variants.items():
+            if name in failed:
+                continue
+            torch.set_num_threads(threads)
+            try:
+                took = _pass(model, x, autocast)
+            except (RuntimeError, MemoryError) as e:  # out of memory, an op without bf16
+                failed[name] = {"error": str(e).splitlines()[0][:200]}
+                continue
+            if round_ >= UNTIMED:
+                seconds[name].append(took)
+    return {name: failed.get(name) or statistics.median(seconds[name]) for name in variants}
+
+
+def _time(model, x, autocast: str | None = None) -> float | dict:
+    """Median seconds of forward + backward, this variant alone."""
+    import torch
+    return _interleaved({"it": (model, x, autocast, torch.get_num_threads())})["it"]
+
+
+def _thread_counts(threads: int) -> list[int]:
+    cores = CONFIG.get("cores") or len(os.sched_getaffinity(0))
+    return sorted({1, max(1, threads // 2), threads, cores} & set(range(1, cores + 1)))
+
+
+def _batch_probe(model, x, activation_bytes: int, autocast: str | None, threads: int) -> dict:
+    """The largest batch up to MAX_BATCH_FACTOR x that the free memory holds (activations
+    measured in the first forward, x3 for their gradients and the backward's temporaries),
+    timed on the batch repeated."""
+    batch = int(x.shape[0]) if x.dim() else 0
+    if batch == 0 or activation_bytes <= 0:
+        return {}
+    free = _free_memory(x.device)
+    per_batch = 3 * activation_bytes
+    fits = int(MEMORY_SHARE * free // per_batch) * batch if free else batch
+    factor = 1
+    while factor * 2 <= MAX_BATCH_FACTOR and batch * factor * 2 <= min(fits, MAX_PROBE_BATCH):
+        factor *= 2
+    out = {"activation_bytes": activation_bytes, "free_memory": free,
+           "fits_batch": fits}
+    if factor > 1:
+        big = x.repeat(factor, *([1] * (x.dim() - 1)))
+        times = _interleaved({"base": (model, x, autocast, threads),
+                              "big": (model, big, autocast, threads)})
+        out["larger_batch"] = {"batch": batch * factor, "seconds": times["big"],
+                               "base": times["base"]}
+    return out
+
+
+def _free_memory(device) -> int:
+    if device.type == "cuda":
+        import torch
+        return torch.cuda.mem_get_info(device)[0]
+    try:  # MemAvailable: free memory plus the page cache the kernel would give back
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _wants_bf16(model, x) -> bool:
+    import torch
+    parameter = next(model.parameters())
+    if x.device.type == "cpu":
+        native = bool(CONFIG.get("bf16_native"))
+    else:
+        native = torch.cuda.is_bf16_supported()
+    return native and parameter.dtype == torch.float32
+
+
+def _wants_channels_last(model, x) -> bool:
+    import torch
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    return bool(convs) and x.dim() == 4 and not convs[0].weight.is_contiguous(
+        memory_format=torch.channels_last)
+
+
+def _copy_probe(x) -> dict:
+    """Seconds to copy the batch to the GPU from pageable and from pinned memory."""
+    import torch
+    out = {}
+    for name, source in (("copy_pageable", x), ("copy_pinned", x.pin_memory())):
+        seconds = []
+        for repeat in range(PROBE_REPEATS + 1):
+            torch.cuda.synchronize()
+            started = _now()
+            source.to("cuda", non_blocking=True)
+            torch.cuda.synchronize()
+            if repeat:
+                seconds.append(_now() - started)
+        out[name] = statistics.median(seconds)
+    return out
