@@ -60,7 +60,7 @@ def _not_negative(text: str) -> int:
 def machine_facts() -> dict:
     """Measured once here and handed to the child and the analysis (never re-derived): the
     CPU's bf16 is plan/hardware.py's, the one reader of the hardware."""
-    from ..plan.hardware import cpu_native_bf16  # imports torch: not for `doctor --help`
+    from ..plan.hardware import cpu_native_bf16  # lazy: imports torch; `doctor --help` must not
     return {"cores": host.available_cores(), "bf16_native": cpu_native_bf16()}
 
 
