@@ -206,13 +206,13 @@ def resnet50_costs(sizes, steps: int, batch: int | None) -> list[dict]:
     """images/s of the trainer's step at each size (module docstring)."""
     import torch
     from turbotrain.train.models.models import build_model, get_model_spec
-    from turbotrain.train.step.device import cpu_has_native_bf16
+    from turbotrain.train.plan.hardware import cpu_native_bf16
     from turbotrain.train.step.loop import StepSettings, make_engine
     from turbotrain.train.step.schedule import LRSchedule
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    precision = "bf16" if cuda or cpu_has_native_bf16() else "fp32"
+    precision = "bf16" if cuda or cpu_native_bf16() else "fp32"
     batch = batch or (256 if cuda else 16)
     model = build_model(get_model_spec("resnet50"), 1000).to(
         device, memory_format=torch.channels_last)
