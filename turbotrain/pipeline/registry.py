@@ -131,6 +131,13 @@ def first_pipeline(test: Callable[[Capabilities], bool]) -> str | None:
     return next((name for name in auto_order() if test(capabilities(name))), None)
 
 
+def streaming_cpu_pipeline() -> str:
+    """The pipeline that decodes batch by batch on the CPU with no optional package: what a
+    check of a few batches (export) or a sample's speed (the script doctor) runs anywhere."""
+    return first_pipeline(lambda declared: declared.needs_cuda is None and
+                          declared.package is None and not declared.holds_decoded_split)
+
+
 def optional_engines() -> frozenset[str]:
     """The pipelines that need an optional package: what a full install makes importable."""
     return frozenset(name for name, entry in _PIPELINES.items()

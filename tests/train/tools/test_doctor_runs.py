@@ -159,8 +159,13 @@ def test_lightning_trainer_fit(tmp_path):
     assert process["timed_steps"] == 6
     assert process["model"]["type"] == "Sequential"  # Tiny.net, called in training_step
     assert process["loaders"][0]["batch_size"] == 16
-    # Lightning runs forward and backward inside optimizer.step's closure: booked apart
-    assert process["shares"]["fwd_bwd"] > process["shares"]["optim"]
+    # Lightning runs forward and backward inside optimizer.step's closure: booked apart, so
+    # they are seen at all and the optimizer's share does not count them a second time (the
+    # booked shares then add up to more than the step). Not a comparison of two timings: on a
+    # loaded box the tiny model's optimizer step can outlast its forward+backward.
+    shares = process["shares"]
+    assert shares["fwd_bwd"] > 0
+    assert shares["wait"] + shares["copy"] + shares["fwd_bwd"] + shares["optim"] <= 1.001
 
 
 def test_torchrun_with_two_cpu_ranks(tmp_path):

@@ -2,7 +2,7 @@
 an ImageFolder: `prepare-dataset` once, then `turbotrain.Loader`. The estimate is measured
 here, not assumed: a sample of the folder's images (SAMPLE_PER_CLASS from each class, at
 most SAMPLE_CLASSES classes) is prepared into a temporary folder and `turbotrain bench`'s
-`measure` times the pytorch pipeline on it at the script's batch and image size, against the
+`measure` times our streaming CPU pipeline on it at the script's batch and image size, against the
 script's own loader rate (its measured seconds per batch, times its workers).
 """
 from __future__ import annotations
@@ -14,11 +14,13 @@ from pathlib import Path
 from turbotrain.datasets import DatasetError, open_dataset
 from turbotrain.datasets.prepare.convert import PrepareError, prepare_dataset
 from turbotrain.datasets.prepare.options import PrepareOptions
+from turbotrain.datasets.sources.source import IMAGE_EXTENSIONS
+from turbotrain.files.safe_create import write_file
 from turbotrain.pipeline.bench import measure
+from turbotrain.pipeline.registry import streaming_cpu_pipeline
 
 SAMPLE_PER_CLASS = 32
 SAMPLE_CLASSES = 16
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
 BENCH_BATCHES, BENCH_WARMUP = 10, 2
 
 
@@ -34,10 +36,10 @@ def sample_folder(root: Path, into: Path) -> int:
     copied = 0
     classes = sorted(p for p in root.iterdir() if p.is_dir())[:SAMPLE_CLASSES]
     for folder in classes:
-        images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        images = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
         for image in images[:SAMPLE_PER_CLASS]:
             (into / folder.name).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(image, into / folder.name / image.name)
+            write_file(into / folder.name / image.name, image.read_bytes(), overwrite=False)
             copied += 1
     return copied
 
@@ -58,15 +60,16 @@ def turbotrain_estimate(process: dict, cores: int) -> dict:
             return {"error": f"{root} has {images} images in class folders: fewer than a batch"}
         prepare_dataset(str(work / "source"), str(work / "prepared"),
                         PrepareOptions(workers=1, progress=False))
-        rate = measure(open_dataset(work / "prepared"), ["pytorch"], image_size=image_size,
+        ours = streaming_cpu_pipeline()
+        rate = measure(open_dataset(work / "prepared"), [ours], image_size=image_size,
                        batch_size=batch, batches=BENCH_BATCHES, warmup=BENCH_WARMUP,
-                       workers=cores, device="cpu")["pytorch"]
+                       workers=cores, device="cpu")[ours]
     except (PrepareError, DatasetError, OSError) as e:
         return {"error": str(e).splitlines()[0][:200]}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if rate.get("images_per_second") is None:
-        return {"error": rate.get("error", "the pytorch pipeline did not run")}
+        return {"error": rate.get("error", f"the {ours} pipeline did not run")}
     return {"images_per_second": round(rate["images_per_second"], 1),
             "yours": round(yours, 1) if yours else None, "sample": images, "root": str(root),
             "image_size": image_size, "batch_size": batch}

@@ -17,6 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from turbotrain.files.safe_create import write_file
+
 HOOK_PACKAGE = "turbotrain_doctor"  # its name in the temporary folder (no clash with ours)
 HOOK_MODULES = ("doctor_hook.py", "doctor_patches.py", "doctor_probe.py")
 MEASUREMENTS = "measurements"  # DIR/measurements/<pid>.jsonl
@@ -104,11 +106,11 @@ def hook_folder() -> Path:
     folder = Path(tempfile.mkdtemp(prefix="turbotrain-doctor-"))
     package = folder / HOOK_PACKAGE
     package.mkdir()
-    (package / "__init__.py").write_text("")
+    write_file(package / "__init__.py", "", overwrite=False)
     here = Path(__file__).parent
     for name in HOOK_MODULES:
-        shutil.copyfile(here / name, package / name)
-    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        write_file(package / name, (here / name).read_bytes(), overwrite=False)
+    write_file(folder / "sitecustomize.py", SITECUSTOMIZE, overwrite=False)
     return folder
 
 

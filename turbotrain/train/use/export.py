@@ -58,7 +58,7 @@ from turbotrain.datasets.remote.urls import is_url
 from turbotrain.datasets.sources.image_files import list_images
 from turbotrain.files.safe_create import existing_refusal, replacing_path
 from turbotrain.pipeline import build_pipeline
-from turbotrain.pipeline.registry import first_pipeline
+from turbotrain.pipeline.registry import streaming_cpu_pipeline
 from turbotrain.printable import printable
 
 from ..engine.data import open_split, open_val_split
@@ -201,8 +201,7 @@ def _dataset_images(loaded: LoadedModel, data) -> tuple[torch.Tensor, str]:
     split, _ = open_val_split(data)
     if split is None:
         split = open_split(data, "train")
-    name = first_pipeline(lambda declared: declared.needs_cuda is None and
-                          declared.package is None and not declared.holds_decoded_split)
+    name = streaming_cpu_pipeline()
     pipeline = build_pipeline(name, split, train=False, batch_size=CHECK_BATCH,
                               image_size=loaded.card.input_size, device=torch.device("cpu"),
                               workers=1)
