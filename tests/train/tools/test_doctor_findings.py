@@ -6,7 +6,7 @@ import pytest
 
 from turbotrain.train.records.verdict import verdict_of
 from turbotrain.train.tools.doctor_analysis import analyse, processes, summary
-from turbotrain.train.tools.doctor_findings import Measured, findings_of
+from turbotrain.train.tools.doctor_findings import Measured, findings_of, ranked
 
 
 def step(**seconds) -> dict:
@@ -89,6 +89,23 @@ def test_pil_decode_is_found_only_when_input_bound_with_decode_hot():
     assert found["pil_decode"]["gain"] == pytest.approx(2.0, rel=1e-3)
     assert "pil_decode" not in ids(measured(s, decode_share=0.2))
     assert "pil_decode" not in ids(measured(step(wait=0.01), decode_share=0.9))
+
+
+def test_a_switch_of_loader_ranks_after_the_fixes_to_the_script():
+    # input-bound on PIL decode in 2 workers + 2 threads on 2 cores: the switch to
+    # turbotrain's loader (an upper bound, 2x) ranks after the script's own fix (1.25x)
+    s = step(dur=0.100, wait=0.050, fwd=0.020, bwd=0.020, optim=0.0)
+    m = measured(s, loader=loader(num_workers=2, root="/data/train"), load_seconds=0.080,
+                 decode_share=0.9, probe={"threads_now": 2, "threads": {"1": 0.02, "2": 0.015}})
+    found = findings_of(m)
+    assert [f["id"] for f in found] == ["oversubscribed", "pil_decode"]
+    assert [f["kind"] for f in found] == ["script", "switch"]
+    assert found[0]["gain"] < found[1]["gain"]
+    # script fixes among themselves (and switches among themselves) by gain
+    made_up = [{"id": i, "kind": k, "gain": g} for i, k, g in
+               (("a", "switch", 3.0), ("b", "script", 1.2), ("c", "script", 1.5),
+                ("d", "switch", 1.1))]
+    assert [f["id"] for f in ranked(made_up)] == ["c", "b", "a", "d"]
 
 
 def test_bf16_channels_last_and_batch_come_from_the_probe():
