@@ -39,6 +39,7 @@ class Measured:
     gpu_seconds: float | None  # median GPU span of a step (CUDA events)
     cores: int
     bf16_native: bool
+    load_cpu_seconds: float | None = None  # the workers' CPU time per batch (no contention)
 
     def probed(self, name: str) -> float | None:
         value = (self.probe or {}).get(name)
@@ -143,7 +144,9 @@ def oversubscribed(m: Measured) -> dict | None:
         return None
     # the probe ran while the workers idled: forward+backward without the contention
     passes = max(1.0, s["backwards"])
-    load = max(1.0, s["batches"]) * (m.load_seconds or 0.0)
+    # loading a batch as it will cost with a core of its own: the workers' CPU time (their
+    # wall time counts the waits for the cores they fought over, the mistake itself)
+    load = max(1.0, s["batches"]) * (m.load_cpu_seconds or m.load_seconds or 0.0)
     rest = s["optim"] + s["copy"] + s["other"]
     best = _best_split(m, load, rest, lambda t: probe[t] * passes)
     if best is None:
@@ -159,7 +162,9 @@ def oversubscribed(m: Measured) -> dict | None:
                    f"{s['fwd_bwd'] / max(alone, 1e-9):.1f}x slower from the contention"
                    if alone else "")]
     how = (f"step = max(forward+backward at {t} thread(s) measured alone {_ms(compute)} + "
-           f"the rest {_ms(rest)}, loading {_ms(load)} a step / {new_workers} worker(s))"
+           f"the rest {_ms(rest)}, loading {_ms(load)} a step"
+           f"{' (CPU time of the workers)' if m.load_cpu_seconds else ''} / {new_workers} "
+           "worker(s))"
            f" = {_ms(new)}, against {_ms(s['dur'])} now")
     return _finding("oversubscribed", "loader workers and torch threads share too few cores",
                     evidence, change, s["dur"], new, how, loader.get("site"),
