@@ -6,7 +6,7 @@ import pytest
 
 from turbotrain.train.records.verdict import verdict_of
 from turbotrain.train.tools.doctor_analysis import analyse, processes, summary
-from turbotrain.train.tools.doctor_findings import Measured, findings_of
+from turbotrain.train.tools.doctor_findings import Measured, findings_of, ranked
 
 
 def step(**seconds) -> dict:
@@ -74,6 +74,21 @@ def test_oversubscription_is_found_from_the_contention_the_probe_shows():
     assert found[0]["gain"] == pytest.approx(0.320 / 0.060, rel=1e-3)
 
 
+def test_oversubscription_loads_at_the_workers_cpu_time_not_their_contended_wall_time():
+    # the 2 workers took 200 ms of wall time a batch fighting 2 torch threads, but 50 ms of
+    # CPU: with a core of its own, 1 worker loads a batch in 50 ms, not 200
+    s = step(dur=0.120, wait=0.040, fwd=0.03, bwd=0.04, optim=0.0)
+    probe = {"threads_now": 2, "threads": {"1": 0.04, "2": 0.03}}
+    m = measured(s, loader=loader(num_workers=2), load_seconds=0.200, probe=probe,
+                 load_cpu_seconds=0.050)
+    found = {f["id"]: f for f in findings_of(m)}
+    # max(40 ms + 10 ms rest, 50 ms / 1 worker) = 50 ms
+    assert found["oversubscribed"]["gain"] == pytest.approx(0.120 / 0.050, rel=1e-3)
+    # without the CPU time (an older record): the wall time, and no gain to report
+    wall = measured(s, loader=loader(num_workers=2), load_seconds=0.200, probe=probe)
+    assert "oversubscribed" not in ids(wall)
+
+
 def test_no_oversubscription_when_workers_and_threads_fit_the_cores():
     m = measured(loader=loader(num_workers=1), probe={"threads_now": 1})
     assert "oversubscribed" not in ids(m)
@@ -89,6 +104,23 @@ def test_pil_decode_is_found_only_when_input_bound_with_decode_hot():
     assert found["pil_decode"]["gain"] == pytest.approx(2.0, rel=1e-3)
     assert "pil_decode" not in ids(measured(s, decode_share=0.2))
     assert "pil_decode" not in ids(measured(step(wait=0.01), decode_share=0.9))
+
+
+def test_a_switch_of_loader_ranks_after_the_fixes_to_the_script():
+    # input-bound on PIL decode in 2 workers + 2 threads on 2 cores: the switch to
+    # turbotrain's loader (an upper bound, 2x) ranks after the script's own fix (1.25x)
+    s = step(dur=0.100, wait=0.050, fwd=0.020, bwd=0.020, optim=0.0)
+    m = measured(s, loader=loader(num_workers=2, root="/data/train"), load_seconds=0.080,
+                 decode_share=0.9, probe={"threads_now": 2, "threads": {"1": 0.02, "2": 0.015}})
+    found = findings_of(m)
+    assert [f["id"] for f in found] == ["oversubscribed", "pil_decode"]
+    assert [f["kind"] for f in found] == ["script", "switch"]
+    assert found[0]["gain"] < found[1]["gain"]
+    # script fixes among themselves (and switches among themselves) by gain
+    made_up = [{"id": i, "kind": k, "gain": g} for i, k, g in
+               (("a", "switch", 3.0), ("b", "script", 1.2), ("c", "script", 1.5),
+                ("d", "switch", 1.1))]
+    assert [f["id"] for f in ranked(made_up)] == ["c", "b", "a", "d"]
 
 
 def test_bf16_channels_last_and_batch_come_from_the_probe():
@@ -158,7 +190,8 @@ def test_analyse_reads_records_of_a_process_and_its_workers():
                   "backwards": 1, "syncs": 0, "sync_s": 0, "warmup": i < 2}
                  for i in range(1, 6)]],
         "11": [{"kind": "start", "pid": 11, "ppid": 10, "rank": None},
-               {"kind": "fetch", "s": 0.08, "decode": 0.06, "n": 4}],
+               {"kind": "fetch", "s": 0.08, "decode": 0.06, "n": 4, "cpu": 0.03},
+               {"kind": "fetch", "s": 0.08, "decode": 0.06, "n": 4, "cpu": 0.05}],
         "12": [{"kind": "start", "pid": 12, "ppid": 1}],  # torchrun's launcher: nothing
     }
     found = processes(files)
@@ -167,6 +200,7 @@ def test_analyse_reads_records_of_a_process_and_its_workers():
     assert report["timed_steps"] == 4 and report["verdict"] == "input-bound"
     assert report["shares"]["wait"] == pytest.approx(0.5)
     assert report["decode_share"] == pytest.approx(0.75)
+    assert report["load_cpu_ms_per_batch"] == pytest.approx(40.0)  # the workers' CPU time
     assert any("not probed" in n for n in report["notes"])
     assert summary([report]) is None
 

@@ -149,7 +149,10 @@ def process_lines(p: dict, ranked: bool) -> list[str]:
         lines.append(f"  note: {note}")
     for rank, f in enumerate(p["findings"], start=1):
         where = f" ({f['site']})" if f.get("site") else ""
-        lines.append(f"{rank}. {f['title']}{where}: expected {f['gain']:.2f}x")
+        expected = (f"expected {f['gain']:.2f}x" if f.get("kind") != "switch" else
+                    f"at most {f['gain']:.2f}x (a change of loader, ranked after the fixes "
+                    "to your script)")
+        lines.append(f"{rank}. {f['title']}{where}: {expected}")
         lines += [f"   evidence: {e}" for e in f["evidence"]]
         lines.append(f"   change:   {f['change']}")
         lines.append(f"   estimate: {f['estimate']}")

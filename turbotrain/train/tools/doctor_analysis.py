@@ -77,6 +77,7 @@ def analyse(process: dict, machine: dict) -> dict:
         probe=(kinds.get("probe") or [None])[-1],
         # the mean, not the median: throughput pays for the slow batches too
         load_seconds=_per_batch(fetches),
+        load_cpu_seconds=_cpu_per_batch(kinds.get("fetch", [])),
         decode_share=(sum(f["decode"] for f in fetches) / sum(f["s"] for f in fetches)
                       if fetches and sum(f["s"] for f in fetches) > 0 else 0.0),
         batch=(kinds.get("batch") or [None])[-1],
@@ -85,6 +86,8 @@ def analyse(process: dict, machine: dict) -> dict:
         cores=machine["cores"], bf16_native=machine["bf16_native"])
     report["load_ms_per_batch"] = (round(1000 * measured.load_seconds, 3)
                                    if measured.load_seconds is not None else None)
+    report["load_cpu_ms_per_batch"] = (round(1000 * measured.load_cpu_seconds, 3)
+                                       if measured.load_cpu_seconds is not None else None)
     report["decode_share"] = round(measured.decode_share, 4)
     report["findings"] = findings_of(measured)
     return report
@@ -94,6 +97,12 @@ def _per_batch(fetches: list[dict]) -> float | None:
     """Mean seconds to load one batch; a step's own record may hold several batches."""
     batches = sum(f.get("batches", 1) for f in fetches)
     return sum(f["s"] for f in fetches) / batches if batches else None
+
+
+def _cpu_per_batch(fetches: list[dict]) -> float | None:
+    """Mean CPU seconds of a worker's batch (None: no worker recorded its CPU time)."""
+    cpu = [f["cpu"] for f in fetches if isinstance(f.get("cpu"), (int, float))]
+    return sum(cpu) / len(cpu) if cpu else None
 
 
 def _timed_steps(steps: list[dict]) -> list[dict]:

@@ -9,7 +9,11 @@ measured numbers only:
 * loader workers overlap loading with the step: step = max(the main thread's work, the
   measured load time per batch / workers).
 
-Findings with a gain under MIN_GAIN are dropped; the rest are ranked by gain.
+Findings with a gain under MIN_GAIN are dropped. The rest are ranked in two kinds: first the
+changes to the script itself (a flag, a line: their gain is the model above, on the script's
+own measurements) by gain, then the switches to another loader (`turbotrain.Loader` for a PIL
+hot spot), whose gain is an upper bound of another nature (the whole wait removed), so it
+never outranks a measured fix of the script that it would only hide.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ class Measured:
     gpu_seconds: float | None  # median GPU span of a step (CUDA events)
     cores: int
     bf16_native: bool
+    load_cpu_seconds: float | None = None  # the workers' CPU time per batch (no contention)
 
     def probed(self, name: str) -> float | None:
         value = (self.probe or {}).get(name)
@@ -50,17 +55,25 @@ class Measured:
             "torch_threads") or 1)
 
 
+SCRIPT, SWITCH = "script", "switch"  # a change to the script; a switch to another loader
+
+
 def findings_of(m: Measured) -> list[dict]:
     found = [rule(m) for rule in RULES]
-    found = [f for f in found if f is not None and f["gain"] >= MIN_GAIN]
-    return sorted(found, key=lambda f: -f["gain"])
+    return ranked([f for f in found if f is not None and f["gain"] >= MIN_GAIN])
+
+
+def ranked(found: list[dict]) -> list[dict]:
+    """The script's own fixes by gain, then the switches by gain (see the module's doc)."""
+    return sorted(found, key=lambda f: (f["kind"] != SCRIPT, -f["gain"]))
 
 
 def _finding(name: str, title: str, evidence: list[str], change: str, now: float, new: float,
-             how: str, site: str | None = None, settings: dict | None = None) -> dict:
+             how: str, site: str | None = None, settings: dict | None = None,
+             kind: str = SCRIPT) -> dict:
     """`settings`: the change as values (workers, threads, batch_size, ...), for a program
     that applies it (bench/bench_doctor.py)."""
-    return {"id": name, "title": title, "evidence": evidence, "change": change,
+    return {"id": name, "title": title, "kind": kind, "evidence": evidence, "change": change,
             "gain": round(now / new, 3) if new > 0 else 1.0, "predicted_step_ms":
             round(1000 * new, 3), "estimate": how, "site": site, "settings": settings or {}}
 
@@ -131,7 +144,9 @@ def oversubscribed(m: Measured) -> dict | None:
         return None
     # the probe ran while the workers idled: forward+backward without the contention
     passes = max(1.0, s["backwards"])
-    load = max(1.0, s["batches"]) * (m.load_seconds or 0.0)
+    # loading a batch as it will cost with a core of its own: the workers' CPU time (their
+    # wall time counts the waits for the cores they fought over, the mistake itself)
+    load = max(1.0, s["batches"]) * (m.load_cpu_seconds or m.load_seconds or 0.0)
     rest = s["optim"] + s["copy"] + s["other"]
     best = _best_split(m, load, rest, lambda t: probe[t] * passes)
     if best is None:
@@ -147,7 +162,9 @@ def oversubscribed(m: Measured) -> dict | None:
                    f"{s['fwd_bwd'] / max(alone, 1e-9):.1f}x slower from the contention"
                    if alone else "")]
     how = (f"step = max(forward+backward at {t} thread(s) measured alone {_ms(compute)} + "
-           f"the rest {_ms(rest)}, loading {_ms(load)} a step / {new_workers} worker(s))"
+           f"the rest {_ms(rest)}, loading {_ms(load)} a step"
+           f"{' (CPU time of the workers)' if m.load_cpu_seconds else ''} / {new_workers} "
+           "worker(s))"
            f" = {_ms(new)}, against {_ms(s['dur'])} now")
     return _finding("oversubscribed", "loader workers and torch threads share too few cores",
                     evidence, change, s["dur"], new, how, loader.get("site"),
@@ -173,7 +190,7 @@ def pil_decode(m: Measured) -> dict | None:
                         "on the same images")
     how = (f"at most: the whole wait removed (Amdahl), {_ms(s['dur'])} -> {_ms(new)} a step")
     return _finding("pil_decode", "per-sample PIL decode is the hot spot", evidence, change,
-                    s["dur"], new, how, loader.get("site"), {"loader": "turbotrain"})
+                    s["dur"], new, how, loader.get("site"), {"loader": "turbotrain"}, SWITCH)
 
 
 def pin_memory(m: Measured) -> dict | None:

@@ -11,6 +11,7 @@ import atexit
 import importlib.abc
 import os
 import sys
+import time
 
 from .doctor_hook import CONFIG, Recorder, StepClock, _first_tensor, _now, _user_site
 from .doctor_probe import run_probes
@@ -281,7 +282,7 @@ def _timed_fetch(original):
         if not CLOCK.active:
             return original(self, possibly_batched_index)
         DECODE[0] = 0.0
-        started = _now()
+        started, cpu_started = _now(), time.thread_time()
         batch = original(self, possibly_batched_index)
         seconds = _now() - started
         if getattr(CLOCK, "active_steps", True):  # the training process: booked with the step
@@ -290,7 +291,10 @@ def _timed_fetch(original):
             CLOCK.counts["fetched"] += 1
             return batch
         samples = len(possibly_batched_index) if self.auto_collation else 1
+        # cpu: the worker's own CPU time, what a batch costs once it has a core to itself
+        # (the wall time `s` also counts the time it waited for a core it shared)
         CLOCK.recorder.write({"kind": "fetch", "s": seconds, "n": samples, "decode": DECODE[0],
+                              "cpu": time.thread_time() - cpu_started,
                               "pid": os.getpid(), "ppid": os.getppid()})
         return batch
     return fetch
