@@ -1,5 +1,6 @@
-"""The README's fenced blocks and the shell commands in them, parsed once for every test that
-reads README.md (tests/test_readme.py runs them; tests/test_docker.py checks the Docker ones)."""
+"""The fenced blocks of README.md and of the docs pages its sections moved to, and the shell
+commands in them, parsed once for every test that reads them (tests/test_readme.py runs them;
+tests/test_docker.py checks the Docker ones)."""
 from __future__ import annotations
 
 import re
@@ -12,22 +13,24 @@ SKIP_MARKER = re.compile(r"<!--\s*readme-test:\s*skip\s*(?:\((.*)\))?\s*-->")
 @dataclass(frozen=True)
 class Block:
     language: str
-    line: int                 # README line of the opening fence
+    line: int                 # the page's line of the opening fence
     text: str
     skip_reason: str | None   # "" when marked skip without a reason
+    page: str = "README.md"   # the file, as messages name it
 
 
 @dataclass(frozen=True)
 class Command:
-    line: int                 # README line where the command starts
+    line: int                 # the page's line where the command starts
     text: str                 # as written, continuation lines joined, comment dropped
     comment: str              # the trailing `# ...`, if any
+    page: str = "README.md"
 
     def __str__(self) -> str:
-        return f"README.md:{self.line}: {self.text}"
+        return f"{self.page}:{self.line}: {self.text}"
 
 
-def parse_blocks(markdown: str) -> list[Block]:
+def parse_blocks(markdown: str, page: str = "README.md") -> list[Block]:
     blocks, lines, i = [], markdown.splitlines(), 0
     while i < len(lines):
         opening = re.match(r"^```(\S*)\s*$", lines[i])
@@ -35,12 +38,12 @@ def parse_blocks(markdown: str) -> list[Block]:
             i += 1
             continue
         end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), None)
-        assert end is not None, f"README.md:{i + 1}: a fenced block that never closes"
+        assert end is not None, f"{page}:{i + 1}: a fenced block that never closes"
         previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         marker = SKIP_MARKER.search(previous)
         reason = None if marker is None else (marker.group(1) or "").strip()
         blocks.append(Block(opening.group(1).lower(), i + 1, "\n".join(lines[i + 1:end]),
-                            reason))
+                            reason, page))
         i = end + 1
     return blocks
 
@@ -65,7 +68,7 @@ def parse_commands(block: Block) -> list[Command]:
     pending: tuple[int, str, str] | None = None  # a command still being continued
     for number, raw in enumerate(block.text.splitlines(), start=block.line + 1):
         if pending is None and raw.lstrip().startswith("["):
-            assert commands, f"README.md:{number}: a synopsis line with no command before it"
+            assert commands, f"{block.page}:{number}: a synopsis line with no command before it"
             last = commands.pop()
             pending = (last.line, last.text + " " + raw.strip(), last.comment)
             continued = False
@@ -78,7 +81,8 @@ def parse_commands(block: Block) -> list[Command]:
             elif code:
                 pending = (number, code, comment)
         if pending is not None and not continued:
-            commands.append(Command(pending[0], re.sub(r"\s+", " ", pending[1]), pending[2]))
+            commands.append(Command(pending[0], re.sub(r"\s+", " ", pending[1]), pending[2],
+                                    block.page))
             pending = None
-    assert pending is None, f"README.md:{block.line}: the block ends inside a `\\` continuation"
+    assert pending is None, f"{block.page}:{block.line}: the block ends inside a `\\` continuation"
     return commands

@@ -5,8 +5,9 @@
   version is the one DALI's wheel is built for (nvidia-dali-cuda130: CUDA 13). The check is a
   function that returns what disagrees, run on the real files and on copies with one side of
   a pin bumped, so it is known to fail when only one side changes.
-* The image runs turbotrain as a non-root user, and every `docker run` in the README's Docker
-  section parses with turbotrain's own command line.
+* The image runs turbotrain as a non-root user, and every `docker run` in the Docker section
+  of docs/DEPLOY.md (the README's until issue 46 moved it) parses with turbotrain's own
+  command line.
 * .dockerignore sends the engine what the Dockerfile COPYs and nothing else (.git, .venv, runs).
 """
 from __future__ import annotations
@@ -32,10 +33,10 @@ pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
-README = REPO / "README.md"
+DEPLOY_DOC = REPO / "docs" / "DEPLOY.md"  # the Docker section, tested by tests/test_readme.py
 DOCKERIGNORE = REPO / ".dockerignore"
 PILLOW_SIMD_SCRIPT = REPO / "scripts" / "build_pillow_simd.py"
-# The line before the README's docker block: tests/test_readme.py does not run such blocks.
+# The line before the docs' docker block: tests/test_readme.py does not run such blocks.
 README_SKIP_REASON = ("docker: no engine on CI; the Dockerfile is linted and its pins checked "
                       "by tests/test_docker.py")
 README_SKIP = f"<!-- readme-test: skip ({README_SKIP_REASON}) -->"
@@ -294,9 +295,9 @@ def test_entrypoint_is_turbotrain_as_a_non_root_user():
     assert "WORKDIR" in last
 
 
-def docker_section(readme: str) -> str:
-    found = re.search(r"^## Docker\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
-    assert found, "README.md has no ## Docker section"
+def docker_section(page: str) -> str:
+    found = re.search(r"^## Docker\n(.*?)(?=^## |\Z)", page, re.M | re.S)
+    assert found, "docs/DEPLOY.md has no ## Docker section"
     return found[1]
 
 
@@ -333,16 +334,17 @@ def turbotrain_argv(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def test_readme_docker_commands_are_turbotrain_commands():
-    """Each `docker run` in the README parses with turbotrain's CLI; build and run agree on the
-    image's name; the block carries the marker that keeps tests/test_readme.py from running it."""
+    """Each `docker run` in docs/DEPLOY.md parses with turbotrain's CLI; build and run agree on
+    the image's name; the block carries the marker that keeps tests/test_readme.py from running
+    it."""
     from turbotrain.cli import ALIASES, COMMANDS, build_parser
 
-    section = docker_section(README.read_text())
+    section = docker_section(DEPLOY_DOC.read_text())
     lines, blocks = section.splitlines(), parse_blocks(section)
     for block in blocks:
         before = [line for line in lines[:block.line - 1] if line.strip()]
         assert block.skip_reason == README_SKIP_REASON and before[-1] == README_SKIP, (
-            f"README's Docker block must follow the line {README_SKIP}")
+            f"the Docker block must follow the line {README_SKIP}")
     commands = docker_commands(blocks)
     builds = [c for c in commands if c[:2] == ["docker", "build"]]
     assert builds, "the Docker section shows no docker build"
@@ -350,7 +352,7 @@ def test_readme_docker_commands_are_turbotrain_commands():
     used = set()
     for argv in (c for c in commands if c[:2] == ["docker", "run"]):
         image, args = turbotrain_argv(argv)
-        assert image == tag, f"{' '.join(argv)}: runs {image}, the README builds {tag}"
+        assert image == tag, f"{' '.join(argv)}: runs {image}, the docs build {tag}"
         assert args, "an image without arguments prints the help: nothing to check"
         command = args[0]
         assert command in COMMANDS or command in ALIASES, (
