@@ -104,6 +104,75 @@ def test_state_dict_resumes_mid_epoch_exactly(data):
         assert torch.equal(a, b) and torch.equal(la, lb)
 
 
+def labels_of(passed) -> list[int]:
+    return torch.cat([lab for _, lab in passed]).tolist()
+
+
+def direct_epoch(data, epoch: int) -> list[int]:
+    """The labels of `epoch` straight from the pipeline (the reference order)."""
+    pipeline = build_pipeline("pytorch", open_dataset(str(data), split="train"), train=True,
+                              batch_size=8, image_size=16, device=torch.device("cpu"),
+                              workers=1, order="random")
+    pipeline.set_epoch(epoch)
+    try:
+        return labels_of(batches(pipeline))
+    finally:
+        pipeline.close()
+
+
+def test_passes_without_set_epoch_are_the_next_epochs(data):
+    """As a DataLoader reshuffles on each pass: pass k is epoch k, with its own order."""
+    with Loader(data, batch_size=8, image_size=16, pipeline="pytorch", **CPU) as loader:
+        passes = [labels_of(batches(loader)) for _ in range(3)]
+        assert loader.epoch == 2
+    assert passes == [direct_epoch(data, e) for e in range(3)]
+    assert passes[0] != passes[1] != passes[2]
+
+
+def test_a_peek_does_not_shorten_the_next_pass(data):
+    with Loader(data, batch_size=8, image_size=16, pipeline="pytorch", **CPU) as loader:
+        peeked = iter(loader)
+        next(peeked)
+        whole = batches(loader)  # a new pass: from its first batch, the peek's iterator ended
+        assert len(whole) == len(loader) == 12
+        assert labels_of(whole) == direct_epoch(data, 1)
+        with pytest.raises(StopIteration):
+            next(peeked)
+
+
+def test_set_epoch_rules_the_passes_after_it(data):
+    with Loader(data, batch_size=8, image_size=16, pipeline="pytorch", **CPU) as loader:
+        loader.set_epoch(5)
+        first = labels_of(batches(loader, limit=3))
+        loader.set_epoch(5)  # the same epoch again: from its first batch
+        again = labels_of(batches(loader))
+        after = labels_of(batches(loader))  # no set_epoch: the next epoch
+    assert again == direct_epoch(data, 5) and first == again[:24]
+    assert after == direct_epoch(data, 6)
+
+
+@pytest.mark.parametrize("saved_at", [5, 12])
+def test_a_restored_loader_continues_then_goes_on_to_the_next_epoch(data, saved_at):
+    """Mid-epoch: the rest of the saved epoch, then the next; a complete epoch: the next."""
+    kwargs = dict(batch_size=8, image_size=16, pipeline="pytorch", **CPU)
+    with Loader(data, **kwargs) as loader:
+        loader.set_epoch(3)
+        batches(loader, limit=saved_at)
+        state = loader.state_dict()
+    want = direct_epoch(data, 3)
+    with Loader(data, **kwargs) as resumed:
+        resumed.load_state_dict(state)
+        rest = labels_of(batches(resumed)) if saved_at < 12 else []
+        following = labels_of(batches(resumed))
+    assert rest == want[saved_at * 8:]
+    assert following == direct_epoch(data, 4)
+
+
+def test_classes_is_class_names(data):
+    with Loader(data, batch_size=8, pipeline="pytorch", **CPU) as loader:
+        assert loader.classes == loader.class_names == open_dataset(str(data)).class_names
+
+
 def test_rank_and_world_size_split_the_epoch(data):
     seen = []
     for rank in (0, 1):
