@@ -39,6 +39,14 @@ def test_run_leaves_config_metrics_summary_curves_checkpoint(train_cli, tiny_dat
     records = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in records if r["kind"] == "step"] == list(range(1, 13))
     assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0, 1]
+    # Train accuracy (issue 46), counted on the device and read at the log points.
+    for record in records:
+        if record["kind"] in ("step", "epoch"):
+            assert 0 <= record["train_accuracy"] <= 1, record
+    # Each epoch's evaluation is on the timeline (saved in the checkpoint), with its seconds.
+    timeline = torch.load(out / "checkpoint.pt", weights_only=True)["timeline"]
+    assert [step for step, _ in timeline["evals"]] == [6, 12]
+    assert all(seconds > 0 for _, seconds in timeline["evals"])
     # The reasons are printed at start.
     assert "precision:" in stdout and "threads:" in stdout and "model: compact28" in stdout
     # The saved config reruns as is: it has every auto resolved.
