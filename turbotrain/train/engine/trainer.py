@@ -256,14 +256,14 @@ class Trainer:
         """The log window's top-1 accuracy on the training batches (augmented, all ranks), read
         here where the loss is read; its counts are added to the epoch's."""
         hits, images = self.run.engine.take_accuracy_counts()
-        if hits is None:
-            return None
-        counts = torch.stack([hits.to(torch.float64), torch.tensor(
-            float(images), dtype=torch.float64, device=hits.device)])
+        # Every rank takes part in the all-reduce, whatever it counted.
+        counts = torch.tensor([0.0, float(images)], dtype=torch.float64, device=self.run.device)
+        if hits is not None:
+            counts[0] += hits
         hits, images = all_reduce_sum(counts, self.run.env).tolist()
         self.counters.epoch_hits += int(hits)
         self.counters.epoch_images += int(images)
-        return hits / images
+        return hits / images if images else None
 
     def _diverged(self, what: str) -> None:
         c = self.counters
