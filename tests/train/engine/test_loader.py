@@ -168,6 +168,42 @@ def test_a_restored_loader_continues_then_goes_on_to_the_next_epoch(data, saved_
     assert following == direct_epoch(data, 4)
 
 
+def test_the_trainers_calls_keep_their_meaning(data):
+    """`train` names every epoch (set_epoch), rewinds after airbench's data_init peek
+    (builder._data_init) and resumes with set_epoch then load_state_dict (trainer.py); every
+    evaluation restores the position it started from (loop.evaluate): none of it depends on
+    the passes' own counting."""
+    kwargs = dict(batch_size=8, image_size=16, pipeline="pytorch", **CPU)
+    with Loader(data, **kwargs) as loader:
+        loader.set_epoch(0)  # builder._data_init
+        start = loader.state_dict()
+        iterator = iter(loader)
+        next(iterator)
+        del iterator
+        loader.load_state_dict(start)
+        epochs = []
+        for epoch in range(2):  # trainer._train_epoch
+            loader.set_epoch(epoch)
+            epochs.append(labels_of(batches(loader)))
+        loader.set_epoch(2)
+        partial = labels_of(batches(loader, limit=4))
+        saved = {**loader.state_dict(), "epoch": 2, "batch_index": 4}  # trainer_state
+    with Loader(data, **kwargs) as resumed:
+        resumed.load_state_dict(saved)  # restore_state checks it early
+        resumed.set_epoch(2)
+        resumed.load_state_dict(saved)
+        rest = labels_of(batches(resumed))
+    assert epochs == [direct_epoch(data, 0), direct_epoch(data, 1)]
+    assert partial + rest == direct_epoch(data, 2)
+    with Loader(data, "val", batch_size=16, pipeline="pytorch", **CPU) as val:
+        passes = []
+        for _ in range(3):  # loop.evaluate
+            initial = val.state_dict()
+            passes.append(labels_of(batches(val)))
+            val.load_state_dict(initial)
+    assert passes[0] == passes[1] == passes[2] and len(passes[0]) == 40
+
+
 def test_classes_is_class_names(data):
     with Loader(data, batch_size=8, pipeline="pytorch", **CPU) as loader:
         assert loader.classes == loader.class_names == open_dataset(str(data)).class_names
