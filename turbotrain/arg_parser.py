@@ -10,7 +10,8 @@ Two things argparse does by default that a user pays for:
   (`turbotrain [-h] [--version] COMMAND ...`) and no hint. Here the subcommand's own parser
   refuses it, with its usage and, per unknown flag, what to type instead (`hint`): a flag of
   another trainer (timm, torchvision's references, Lightning) that means something of ours
-  (FOREIGN), a snake_case spelling, a prefix, or the closest flags by difflib.
+  (FOREIGN), a snake_case spelling, a prefix, or the closest flags by difflib (did_you_mean.py:
+  only a close spelling, so `--aa` does not suggest `--data`).
 
 Flags that mean exactly what one of ours means (`-b`, `--grad-accum-steps`, `--num-workers`,
 `--warmup-epochs`) are accepted by `train` itself (config.py's `aliases`); for the commands that
@@ -19,13 +20,17 @@ do not take them, FOREIGN names the flag to use.
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import sys
+
+from .did_you_mean import closest
 
 # A flag of another trainer -> (our flag it maps to, what to type). A hint is given only where
 # that flag exists in the command at hand (None: the hint applies as it is); elsewhere the
 # closest flags are suggested as for any other unknown flag.
+_LR_RULE = ("no base LR flag here: without --lr the peak LR is the model's rate per 256 images "
+            "scaled with the global batch (linearly for SGD, by its square root for AdamW), "
+            "as timm's --lr-base does; --lr sets the peak LR itself")
 FOREIGN: dict[str, tuple[str | None, str]] = {
     "--amp": ("--precision", "use --precision bf16|fp16 (mixed precision; the default, auto, "
                              "picks bf16 or fp16 where they are faster than fp32)"),
@@ -34,6 +39,11 @@ FOREIGN: dict[str, tuple[str | None, str]] = {
     "--model-ema": ("--ema", "use --ema (its decay: --ema-decay)"),
     "--model-ema-decay": ("--ema-decay", "use --ema-decay"),
     "--learning-rate": ("--lr", "use --lr"),
+    # timm's base LR per --lr-base-size images, scaled with the batch: our automatic LR is that
+    # rule (plan/recipe.py), with each model's own base; --lr sets the peak LR itself.
+    "--lr-base": ("--lr", _LR_RULE),
+    "--lr-base-size": ("--lr", _LR_RULE),
+    "--lr-base-scale": ("--lr", _LR_RULE),
     "--wd": ("--weight-decay", "use --weight-decay"),
     "--opt": ("--optimizer", "use --optimizer sgd|adamw"),
     "--sched": ("--schedule", "use --schedule cosine|linear|onecycle"),
@@ -137,7 +147,7 @@ def hint(prog: str, flag: str, known: list[str]) -> str:
         return f"did you mean {' or '.join(longer[:3])}? (flags are not abbreviated)"
     # Compared without their leading dashes: the shared "--" made `--bogus` "close" to `--out`.
     names = {k.lstrip("-"): k for k in known}
-    close = difflib.get_close_matches(flag.lstrip("-"), list(names), n=3, cutoff=0.6)
+    close = closest(flag.lstrip("-"), names)
     if close:
         return f"did you mean {' or '.join(names[c] for c in close)}?"
     return f"not a flag of {prog} (see {prog} --help)"

@@ -44,6 +44,9 @@ def photos(tmp_path_factory):
     source = write_shapes_imagefolder(root, train_per_class=4, val_per_class=2, size=(160, 120))
     # One unreadable file, so skipped.txt and the skipped counts go through the parts too.
     (source / "train" / "circle" / "zz-broken.jpg").write_bytes(b"not a jpeg")
+    # Files the listing passes over are skipped.txt lines too, listed once whatever the parts.
+    (source / "train" / "circle" / "notes.txt").write_text("drawn by hand")
+    (source / "README.md").write_text("shapes")
     return source
 
 
@@ -63,7 +66,7 @@ def test_parts_in_one_folder_merge_to_the_one_machine_bytes(photos, whole, tmp_p
     assert result.returncode == 0, result.stderr
     assert "merged" in result.stdout and "17 shards" in result.stdout
     same_folders(out, whole)  # dataset.json, skipped.txt and every shard; no parts/ left
-    assert (out / "skipped.txt").read_text().count("\n") == 1
+    assert (out / "skipped.txt").read_text().count("\n") == 3
     assert len(open_dataset(out)) == 40
 
 

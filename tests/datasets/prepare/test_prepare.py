@@ -206,6 +206,34 @@ def test_skip_lists_bad_files(tmp_path):
     assert len(open_dataset(out)) == 19
 
 
+def test_jfif_is_read_and_every_file_passed_over_is_in_skipped_txt(tmp_path):
+    """Issue 46: `.jfif` files were ignored and not listed anywhere. They are JPEGs (read by
+    their bytes); every other file the listing passes over is a skipped.txt line with why."""
+    src = tmp_path / "src"
+    write_shapes_imagefolder(src, train_per_class=2, val_per_class=1, size=(96, 64))
+    circle = src / "train" / "circle"
+    jpeg = (circle / "000000.jpg").read_bytes()
+    (circle / "web.jfif").write_bytes(jpeg)
+    (circle / "old.JPE").write_bytes(jpeg)
+    (circle / "notes.txt").write_text("drawn by hand")
+    (circle / "photo.heic").write_bytes(b"\0" * 64)
+    (circle / ".DS_Store").write_bytes(b"\0" * 8)
+    (src / "README.md").write_text("shapes")
+    (src / "train" / "LICENSE").write_text("CC0")
+    out = tmp_path / "ds"
+    result = cli("prepare", src, out, check=0)
+    before = sum(1 for p in (src / "train").rglob("*.jpg"))
+    assert len(open_dataset(out)) == before + 2  # web.jfif and old.JPE are images
+    rows = dict(line.split("\t") for line in (out / "skipped.txt").read_text().splitlines())
+    assert set(rows) == {str(circle / "notes.txt"), str(circle / "photo.heic"),
+                         str(circle / ".DS_Store"), str(src / "README.md"),
+                         str(src / "train" / "LICENSE")}
+    assert rows[str(circle / "photo.heic")].startswith("not an image name (.heic; read: ")
+    assert rows[str(src / "README.md")] == "not inside a class folder: not read"
+    assert rows[str(circle / ".DS_Store")].startswith("a hidden (dot) file")
+    assert "5 skipped" in result.stdout and "skipped.txt" in result.stdout
+
+
 def test_existing_out_needs_overwrite(photo_folder, tmp_path):
     out = tmp_path / "ds"
     cli("prepare", photo_folder, out, "--max-side", "32", check=0)

@@ -80,7 +80,7 @@ def test_a_run_fetches_dataset_json_once(s3_server, dataset, tmp_path):
     from turbotrain.train.engine.data import open_splits  # the trainer's (loads torch)
     _, url = dataset
     before = len(s3_server.requests)
-    train, val, missing = open_splits(url, cache_dir=tmp_path / "cache", cache_limit="1GB")
+    train, val, missing, _ = open_splits(url, cache_dir=tmp_path / "cache", cache_limit="1GB")
     assert missing == "" and len(val) == len(open_dataset(dataset[0], "val"))
     assert val.info is train.info
     index = [r for r in s3_server.requests[before:] if r[1].split("?")[0].endswith("/dataset.json")]

@@ -104,6 +104,111 @@ def test_state_dict_resumes_mid_epoch_exactly(data):
         assert torch.equal(a, b) and torch.equal(la, lb)
 
 
+def labels_of(passed) -> list[int]:
+    return torch.cat([lab for _, lab in passed]).tolist()
+
+
+def direct_epoch(data, epoch: int) -> list[int]:
+    """The labels of `epoch` straight from the pipeline (the reference order)."""
+    pipeline = build_pipeline("pytorch", open_dataset(str(data), split="train"), train=True,
+                              batch_size=8, image_size=16, device=torch.device("cpu"),
+                              workers=1, order="random")
+    pipeline.set_epoch(epoch)
+    try:
+        return labels_of(batches(pipeline))
+    finally:
+        pipeline.close()
+
+
+def test_passes_without_set_epoch_are_the_next_epochs(data):
+    """As a DataLoader reshuffles on each pass: pass k is epoch k, with its own order."""
+    with Loader(data, batch_size=8, image_size=16, pipeline="pytorch", **CPU) as loader:
+        passes = [labels_of(batches(loader)) for _ in range(3)]
+        assert loader.epoch == 2
+    assert passes == [direct_epoch(data, e) for e in range(3)]
+    assert passes[0] != passes[1] != passes[2]
+
+
+def test_a_peek_does_not_shorten_the_next_pass(data):
+    with Loader(data, batch_size=8, image_size=16, pipeline="pytorch", **CPU) as loader:
+        peeked = iter(loader)
+        next(peeked)
+        whole = batches(loader)  # a new pass: from its first batch, the peek's iterator ended
+        assert len(whole) == len(loader) == 12
+        assert labels_of(whole) == direct_epoch(data, 1)
+        with pytest.raises(StopIteration):
+            next(peeked)
+
+
+def test_set_epoch_rules_the_passes_after_it(data):
+    with Loader(data, batch_size=8, image_size=16, pipeline="pytorch", **CPU) as loader:
+        loader.set_epoch(5)
+        first = labels_of(batches(loader, limit=3))
+        loader.set_epoch(5)  # the same epoch again: from its first batch
+        again = labels_of(batches(loader))
+        after = labels_of(batches(loader))  # no set_epoch: the next epoch
+    assert again == direct_epoch(data, 5) and first == again[:24]
+    assert after == direct_epoch(data, 6)
+
+
+@pytest.mark.parametrize("saved_at", [5, 12])
+def test_a_restored_loader_continues_then_goes_on_to_the_next_epoch(data, saved_at):
+    """Mid-epoch: the rest of the saved epoch, then the next; a complete epoch: the next."""
+    kwargs = dict(batch_size=8, image_size=16, pipeline="pytorch", **CPU)
+    with Loader(data, **kwargs) as loader:
+        loader.set_epoch(3)
+        batches(loader, limit=saved_at)
+        state = loader.state_dict()
+    want = direct_epoch(data, 3)
+    with Loader(data, **kwargs) as resumed:
+        resumed.load_state_dict(state)
+        rest = labels_of(batches(resumed)) if saved_at < 12 else []
+        following = labels_of(batches(resumed))
+    assert rest == want[saved_at * 8:]
+    assert following == direct_epoch(data, 4)
+
+
+def test_the_trainers_calls_keep_their_meaning(data):
+    """`train` names every epoch (set_epoch), rewinds after airbench's data_init peek
+    (builder._data_init) and resumes with set_epoch then load_state_dict (trainer.py); every
+    evaluation restores the position it started from (loop.evaluate): none of it depends on
+    the passes' own counting."""
+    kwargs = dict(batch_size=8, image_size=16, pipeline="pytorch", **CPU)
+    with Loader(data, **kwargs) as loader:
+        loader.set_epoch(0)  # builder._data_init
+        start = loader.state_dict()
+        iterator = iter(loader)
+        next(iterator)
+        del iterator
+        loader.load_state_dict(start)
+        epochs = []
+        for epoch in range(2):  # trainer._train_epoch
+            loader.set_epoch(epoch)
+            epochs.append(labels_of(batches(loader)))
+        loader.set_epoch(2)
+        partial = labels_of(batches(loader, limit=4))
+        saved = {**loader.state_dict(), "epoch": 2, "batch_index": 4}  # trainer_state
+    with Loader(data, **kwargs) as resumed:
+        resumed.load_state_dict(saved)  # restore_state checks it early
+        resumed.set_epoch(2)
+        resumed.load_state_dict(saved)
+        rest = labels_of(batches(resumed))
+    assert epochs == [direct_epoch(data, 0), direct_epoch(data, 1)]
+    assert partial + rest == direct_epoch(data, 2)
+    with Loader(data, "val", batch_size=16, pipeline="pytorch", **CPU) as val:
+        passes = []
+        for _ in range(3):  # loop.evaluate
+            initial = val.state_dict()
+            passes.append(labels_of(batches(val)))
+            val.load_state_dict(initial)
+    assert passes[0] == passes[1] == passes[2] and len(passes[0]) == 40
+
+
+def test_classes_is_class_names(data):
+    with Loader(data, batch_size=8, pipeline="pytorch", **CPU) as loader:
+        assert loader.classes == loader.class_names == open_dataset(str(data)).class_names
+
+
 def test_rank_and_world_size_split_the_epoch(data):
     seen = []
     for rank in (0, 1):

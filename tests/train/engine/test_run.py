@@ -39,6 +39,14 @@ def test_run_leaves_config_metrics_summary_curves_checkpoint(train_cli, tiny_dat
     records = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in records if r["kind"] == "step"] == list(range(1, 13))
     assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0, 1]
+    # Train accuracy (issue 46), counted on the device and read at the log points.
+    for record in records:
+        if record["kind"] in ("step", "epoch"):
+            assert 0 <= record["train_accuracy"] <= 1, record
+    # Each epoch's evaluation is on the timeline (saved in the checkpoint), with its seconds.
+    timeline = torch.load(out / "checkpoint.pt", weights_only=True)["timeline"]
+    assert [step for step, _ in timeline["evals"]] == [6, 12]
+    assert all(seconds > 0 for _, seconds in timeline["evals"])
     # The reasons are printed at start.
     assert "precision:" in stdout and "threads:" in stdout and "model: compact28" in stdout
     # The saved config reruns as is: it has every auto resolved.
@@ -231,11 +239,27 @@ def test_a_bare_beton_trains_and_names_its_classes_by_label(train_cli, tiny_data
     """A .beton from FFCV's own writer has no class names: the run (and its weights' card)
     call them "0", "1", ... (the gpu-check smoke run found the builder assuming names)."""
     from turbotrain.train.weights.weights import read_weights
-    code, _, err = train_cli("--data", tiny_dataset / "train.beton", "--out", tmp_path / "r",
-                             "--epochs", 1, "--max-steps", 2, *FAST)
+    bare = tmp_path / "bare.beton"  # not a split of a prepared folder: no hint
+    bare.write_bytes((tiny_dataset / "train.beton").read_bytes())
+    code, stdout, err = train_cli("--data", bare, "--out", tmp_path / "r", "--epochs", 1,
+                                  "--max-steps", 2, *FAST)
     assert code == 0, err
+    assert "did you mean" not in err + stdout and "evaluation: none" in stdout
     _, card = read_weights(tmp_path / "r" / "final.safetensors")
     assert card.classes == tuple(str(k) for k in range(card.num_classes))
+
+
+def test_a_split_of_a_prepared_folder_asks_did_you_mean_the_folder(train_cli, tiny_dataset,
+                                                                  tmp_path):
+    """Issue 46: `--data DS/train.beton` trained without the val split beside it, silently.
+    It still trains (a split on purpose is allowed), with a one-line warning at the start."""
+    code, stdout, err = train_cli("--data", tiny_dataset / "train.beton", "--out",
+                                  tmp_path / "r", "--epochs", 1, "--max-steps", 2, *FAST)
+    assert code == 0, err
+    warning, = [line for line in err.splitlines() if "did you mean" in line]
+    assert warning.startswith("train: warning: ") and warning.endswith(
+        f"did you mean `--data {tiny_dataset}`?")
+    assert f"did you mean `--data {tiny_dataset}`?" in stdout  # the evaluation line says it
 
 
 # ---------------------------------------------------------------------------- issue 36

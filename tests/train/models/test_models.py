@@ -31,10 +31,22 @@ def test_torchvision_model_by_name_with_zero_init_residual():
 
 def test_unknown_model_lists_choices():
     with pytest.raises(TrainError) as exc:
-        get_model_spec("resnet7")
+        get_model_spec("bogus")
     message = str(exc.value)
     for name in ("resnet9", "airbench", "compact28", "resnet50", "timm:NAME"):
         assert name in message
+
+
+@pytest.mark.parametrize("typed, meant", [("resnet181", "resnet18"), ("resnet7", "resnet9"),
+                                          ("airbnch", "airbench"), ("Resnet50", "resnet50")])
+def test_a_mistyped_model_gets_the_closest_names_not_the_list(typed, meant):
+    """Issue 46: `--model resnet181` listed ~80 names with no did-you-mean."""
+    with pytest.raises(TrainError) as exc:
+        get_model_spec(typed)
+    message = str(exc.value)
+    assert "\n" not in message and len(message) < 160
+    assert message.startswith(f"unknown model {typed!r}; did you mean {meant}")
+    assert "timm:NAME" in message
 
 
 def test_input_stem_normalises_with_dataset_stats():

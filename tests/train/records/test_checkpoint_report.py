@@ -153,6 +153,50 @@ def test_curves_draw_where_a_target_or_budget_stopped_the_run(tmp_path, monkeypa
     assert drawn["stops"] == [by_time, by_epoch, by_time, by_epoch]  # loss row, accuracy row
 
 
+def test_smoothed_loss_floor_is_the_entropy_of_the_smoothed_targets():
+    from turbotrain.train.records.report import smoothed_loss_floor
+    assert smoothed_loss_floor(0.1, 10) == pytest.approx(0.5003, abs=1e-4)
+    assert smoothed_loss_floor(0.0, 10) == 0.0
+    # The cross-entropy of the smoothed targets against themselves, as torch computes it.
+    targets = torch.full((1, 7), 0.2 / 7)
+    targets[0, 3] += 0.8
+    assert smoothed_loss_floor(0.2, 7) == pytest.approx(
+        float(torch.nn.functional.cross_entropy(targets.log(), targets)), rel=1e-5)
+
+
+@pytest.mark.parametrize("smoothing", [0.1, 0.0])
+def test_curves_say_the_train_loss_is_smoothed_and_draw_train_accuracy(tmp_path, monkeypatch,
+                                                                       smoothing):
+    """Issue 46: curves.png showed a label-smoothed train loss above the val loss with no
+    note, and no train accuracy. The title says so and the floor is drawn; train accuracy
+    (per log window) is on the accuracy panels beside the val accuracy."""
+    from turbotrain.train.records import report
+    log = MetricsLog(tmp_path)
+    for step in range(1, 9):
+        log.write({"kind": "step", "step": step, "loss": 1.0 / step, "epoch": step // 5,
+                   "epoch_float": step / 4, "time": float(step), "train_accuracy": step / 10})
+    log.write({"kind": "epoch", "epoch": 0, "epoch_float": 1.0, "step": 4, "time": 4.0,
+               "val_loss": 0.3, "val_accuracy": 0.9, "train_accuracy": 0.25})
+    drawn = {}
+    save = report.save_figure
+
+    def keep(fig, path, **kwargs):
+        drawn["title"] = fig._suptitle.get_text() if fig._suptitle else ""
+        drawn["labels"] = [[line.get_label() for line in ax.get_lines()] for ax in fig.axes]
+        return save(fig, path, **kwargs)
+    monkeypatch.setattr(report, "save_figure", keep)
+    assert plot_curves(tmp_path, label_smoothing=smoothing, num_classes=10).is_file()
+    accuracy = ["train accuracy (augmented batches)", "val accuracy"]
+    if smoothing:
+        assert drawn["title"].startswith("train loss on label-smoothed targets (0.1): it "
+                                         "cannot go below 0.50")
+        loss = ["train loss", "train loss floor (0.50, label smoothing)", "val loss"]
+    else:
+        assert drawn["title"] == ""
+        loss = ["train loss", "val loss"]
+    assert drawn["labels"] == [loss, loss, accuracy, accuracy]
+
+
 class _Terminal:
     def __init__(self):
         self.text = ""

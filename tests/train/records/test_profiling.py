@@ -131,6 +131,41 @@ def test_timeline_state_round_trips_through_a_checkpoint_and_refuses_damage(tmp_
         StepTimeline().load_state_dict({})
 
 
+def test_timeline_shows_each_evaluation_and_their_total_time(tmp_path, monkeypatch):
+    """Issue 46: timeline.png had no evaluation time; evaluations run between steps, so each
+    is a mark at its step with its seconds, and the legend says their total. They are saved
+    in the checkpoint, and one from before them (no "evals") loads with none."""
+    from turbotrain.train.records import timeline as timeline_module
+    timeline = StepTimeline(max_points=8)
+    timeline.add([StepTime(i, 0.01, 0.02) for i in range(1, 41)])
+    timeline.mark_eval(20, 1.5)
+    timeline.mark_eval(40, 2.25)
+    saved = timeline.state_dict()
+    resumed = StepTimeline(max_points=8)
+    resumed.load_state_dict(saved)
+    assert resumed.evals == [[20, 1.5], [40, 2.25]]
+    old = dict(saved)
+    del old["evals"]
+    resumed.load_state_dict(old)
+    assert resumed.evals == []
+    for damage in ([[20, -1.0]], [[20]], "x", [["a", 1.0]]):
+        with pytest.raises((TypeError, ValueError)):
+            StepTimeline(max_points=8).load_state_dict({**saved, "evals": damage})
+    drawn = {}
+    save = timeline_module.save_figure
+
+    def keep(fig, path, **kwargs):
+        ax = fig.axes[0]
+        drawn["marks"] = [(list(line.get_xdata()), line.get_label()) for line in ax.get_lines()
+                          if line.get_label().startswith("evaluation")]
+        drawn["texts"] = [text.get_text() for text in ax.texts]
+        return save(fig, path, **kwargs)
+    monkeypatch.setattr(timeline_module, "save_figure", keep)
+    assert timeline.plot(tmp_path / "timeline.png").is_file()
+    assert drawn["marks"] == [([20, 40], "evaluation (2, 3.75 s in all, not in the steps)")]
+    assert drawn["texts"] == ["1.5 s", "2.2 s"]
+
+
 def test_timeline_draws_the_step_where_a_target_or_budget_stopped_the_run(tmp_path,
                                                                           monkeypatch):
     from turbotrain.train.records import timeline as timeline_module

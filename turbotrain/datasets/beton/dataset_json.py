@@ -64,6 +64,22 @@ def read_dataset_json(root: Path) -> dict:
     return parse_dataset_json(data, root)
 
 
+def prepared_folder_of(file: Path) -> Path | None:
+    """The prepared dataset whose train or val split `file` is, when that dataset has both
+    splits (`--data DS/train.beton` trains without the val split that `--data DS` would
+    evaluate on); None for a file of no such folder, or a folder that does not check out."""
+    folder = Path(file).parent
+    try:
+        splits = read_dataset_json(folder)["splits"]
+    except DatasetError:
+        return None
+    if not all(name in splits for name in SPLITS):
+        return None
+    files = {entry.get("file") for meta in splits.values()
+             for entry in (meta, *meta.get("shards", ()))}
+    return folder if Path(file).name in files else None
+
+
 def parse_dataset_json(data: bytes, root, check_files: bool = True) -> dict:
     """dataset.json's bytes (at most MAX_JSON_BYTES), parsed and checked; `root` names the
     folder (or URL) in messages. A remote index passes check_files=False."""

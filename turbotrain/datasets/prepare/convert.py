@@ -380,7 +380,18 @@ def _write_all(source, plans: dict, ids: dict[str, list[int]], folder: Path,
                 progress.set_description(f"prepare {split}")
                 results += _write_shards(split, split_source, plans[split], ids[split], folder,
                                          options, workers, progress)
+    _add_passed_over(results, source)
     return results
+
+
+def _add_passed_over(results: list[ShardResult], source) -> None:
+    """The files the listing passed over (Source.passed_over) are skipped files of the first
+    split's first shard, whichever part writes it: so skipped.txt, the split's `skipped` count
+    and a --part run's merge list them once, beside the images that could not be read."""
+    first = next(iter(source.splits), None)
+    for result in results:
+        if result.split == first and result.index == 0:
+            result.skipped[:0] = source.passed_over
 
 
 class _Told:

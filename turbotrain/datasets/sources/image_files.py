@@ -51,13 +51,16 @@ def read_image_folder(root: Path, limits: Limits, allow_outside_root: bool) -> S
             raise SourceError(f"{root} has train/ with class folders but also "
                               f"{', '.join(unexpected)}/; expected only train/ and val/ (or test/)")
         split_folders = {"train": root / "train"}
-        held_out = next((name for name in HELD_OUT_NAMES if name in subfolders), None)
+        held_out = [name for name in HELD_OUT_NAMES if name in subfolders]
         if held_out:
-            split_folders["val"] = root / held_out
+            split_folders["val"] = root / held_out[0]
+        passed = [(str(root / name), f"a held-out folder beside {held_out[0]}/, which is the "
+                                     "val split: not read") for name in held_out[1:]]
+        passed += _files_beside_splits(root)
     else:
-        split_folders = {"train": root}
+        split_folders, passed = {"train": root}, []
     links: set[str] = set()
-    per_split = {split: _class_folders(folder, root, allow_outside_root, links)
+    per_split = {split: _class_folders(folder, root, allow_outside_root, links, passed)
                  for split, folder in split_folders.items()}
     classes = sorted(set().union(*per_split.values()))
     if len(classes) > MAX_CLASSES:
@@ -74,7 +77,28 @@ def read_image_folder(root: Path, limits: Limits, allow_outside_root: bool) -> S
         splits[split] = FileSplit(str(root), relpaths, np.array(labels, dtype=np.int64),
                                   limits.max_file_bytes,
                                   frozenset() if allow_outside_root else frozenset(links))
-    return Source("imagefolder", root, classes, splits)
+    return Source("imagefolder", root, classes, splits, passed_over=tuple(sorted(passed)))
+
+
+# Why the listing passes over an entry (skipped.txt; Source.passed_over).
+_HIDDEN_FILE = "a hidden (dot) file: not read (macOS '._' files and .DS_Store are not images)"
+_HIDDEN_FOLDER = "a hidden (dot) folder: not entered"
+_LINKED_FOLDER = "a symlinked folder inside a class folder: not entered (as os.walk does)"
+_OUTSIDE_CLASSES = "not inside a class folder: not read"
+
+
+def _not_an_image(name: str) -> str:
+    suffix = os.path.splitext(name)[1].lower() or "no suffix"
+    return (f"not an image name ({suffix}; read: "
+            f"{' '.join(sorted(IMAGE_EXTENSIONS))}): not read")
+
+
+def _files_beside_splits(root: Path) -> list[tuple[str, str]]:
+    """The files beside train/ and val/ in a split layout (a README, a labels file), and its
+    hidden folders."""
+    return [(entry.path, _OUTSIDE_CLASSES if not entry.is_dir() else _HIDDEN_FOLDER)
+            for entry in os.scandir(root)
+            if not entry.is_dir() or entry.name.startswith(".")]
 
 
 def _subfolders(folder: Path) -> set[str]:
@@ -83,13 +107,15 @@ def _subfolders(folder: Path) -> set[str]:
 
 
 def _class_folders(folder: Path, root: Path, allow_outside_root: bool,
-                   links: set[str]) -> dict[str, list[str]]:
+                   links: set[str], passed: list) -> dict[str, list[str]]:
     """{class name: sorted image paths relative to root} for the class subfolders of folder;
-    symlinked files found are added to `links`."""
+    symlinked files found are added to `links`, the entries passed over (path, why) to
+    `passed`."""
     by_class: dict[str, list[str]] = {}
     loose: list[str] = []
     for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
         if entry.name.startswith("."):
+            passed.append((entry.path, _HIDDEN_FOLDER if entry.is_dir() else _HIDDEN_FILE))
             continue
         if entry.is_dir():
             # A symlinked class folder is walked (that is how people share a class between
@@ -98,7 +124,7 @@ def _class_folders(folder: Path, root: Path, allow_outside_root: bool,
             outside = None if allow_outside_root else outside_root_reason(entry.path, root)
             if outside:
                 raise SourceError(f"class folder {entry.path} {outside}")
-            images = _images_under(entry.path, root, links)
+            images = _images_under(entry.path, root, links, passed)
             if not images:
                 raise SourceError(f"class folder {entry.path} is empty (no "
                                   f"{'/'.join(sorted(e[1:] for e in IMAGE_EXTENSIONS))} files); "
@@ -106,6 +132,8 @@ def _class_folders(folder: Path, root: Path, allow_outside_root: bool,
             by_class[entry.name] = images
         elif _is_image_name(entry.name):
             loose.append(entry.name)
+        else:
+            passed.append((entry.path, _OUTSIDE_CLASSES))
     if loose:
         raise SourceError(f"{folder} has image files outside class folders (e.g. {min(loose)}); "
                           f"move them into one subfolder per class")
@@ -117,12 +145,15 @@ def _class_folders(folder: Path, root: Path, allow_outside_root: bool,
     return by_class
 
 
-def _images_under(folder: str, root: Path, links: set[str]) -> list[str]:
+def _images_under(folder: str, root: Path, links: set[str], passed: list | None = None
+                  ) -> list[str]:
     """Image files anywhere under folder, relative to root, sorted; dot-files (macOS '._x.jpg'
     resource forks, which are not images) and dot-folders skipped. Symlinked sub-folders are not
     entered (as os.walk does); symlinked files are added to `links`, the only files that
     FileSplit.load must resolve to keep reads inside root: the rest are inside by construction,
-    and scandir says which entries are links without a system call per file."""
+    and scandir says which entries are links without a system call per file. Each entry passed
+    over is added to `passed` as (path, why), when given."""
+    passed = [] if passed is None else passed
     found = []
     pending = [folder]
     # Every path below starts with root's own spelling (scandir joins names onto it), so
@@ -133,8 +164,9 @@ def _images_under(folder: str, root: Path, links: set[str]) -> list[str]:
         with os.scandir(pending.pop()) as entries:
             for entry in entries:
                 if entry.name.startswith("."):
-                    continue
-                if entry.is_dir(follow_symlinks=False):
+                    passed.append((entry.path, _HIDDEN_FOLDER if entry.is_dir()
+                                   else _HIDDEN_FILE))
+                elif entry.is_dir(follow_symlinks=False):
                     pending.append(entry.path)
                 elif _is_image_name(entry.name):
                     relative = (entry.path[len(prefix):] if entry.path.startswith(prefix)
@@ -142,6 +174,9 @@ def _images_under(folder: str, root: Path, links: set[str]) -> list[str]:
                     found.append(relative)
                     if entry.is_symlink():
                         links.add(relative)
+                else:
+                    passed.append((entry.path, _LINKED_FOLDER if entry.is_dir()
+                                   else _not_an_image(entry.name)))
     found.sort()
     return found
 

@@ -24,7 +24,10 @@ from turbotrain.files.untrusted import (Limits, UnsafeInput, open_regular, outsi
 # `val-*`, else `test-*`, become the "val" split.
 HELD_OUT_NAMES = ("val", "test")
 # File suffixes read as images: an ImageFolder's and a CSV list's files, predict's inputs.
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+# .jfif and .jpe are JPEG under other names (Windows saves web JPEGs as .jfif): samples are
+# decoded by their bytes, not their suffix.
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jfif", ".jpe", ".png", ".webp", ".bmp", ".gif",
+                              ".tif", ".tiff"})
 # A WebDataset member with one of these extensions is its sample's image: four of the above, as
 # WebDataset writers name them. A sample's other members (a .tif mask, a .bmp) are not images
 # to it, so a sample with KEY.jpg and KEY.tif has one image, not two.
@@ -176,6 +179,9 @@ class Source:
     # Classes the source declares but has no image of, left out by `--classes present`
     # (class_labels.py); the labels are then renumbered over the classes kept.
     dropped_classes: tuple[str, ...] = ()
+    # (path, why) of each file or folder the listing passed over (an ImageFolder's README, a
+    # .txt beside the images, a dot-file): written to skipped.txt with the unreadable images.
+    passed_over: tuple[tuple[str, str], ...] = ()
 
     def fingerprint(self) -> str:
         """sha256 hex of what the samples are read from; changes when a file is added, removed,

@@ -123,9 +123,7 @@ def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSt
     observed = Observed(host_memory=host_memory.decision())  # applied by cli.run_train
     first = plan(config, None, machine, observed)  # the process group needs the device first
     device = first.device
-    for decision in first.decisions.values():  # a setting asked for that is slow here
-        if decision.warning and env.is_main:
-            print(f"train: warning: {decision.warning}", file=sys.stderr, flush=True)
+    _print_warnings(first.decisions.values(), env)  # a setting asked for that is slow here
     use_device(device)
     init_process_group(env, device, config.dist_timeout)
     if config.resume == AUTO:  # rank 0 looks at --out, so that every rank takes one path
@@ -133,16 +131,26 @@ def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSt
         observed = observed.replace(out_names=broadcast_object(listing, env))
     cache = dict(cache_dir=config.cache_dir, cache_limit=config.cache_limit,  # a --data URL's
                  verify=config.verify_data)  # each local file's checksum (beton/shards.py)
-    train_data, val_data, val_missing = open_splits(config.data, **cache)
-    facts = DatasetFacts.of(train_data, val_data, val_missing)
+    train_data, val_data, *val_missing = open_splits(config.data, **cache)
+    facts = DatasetFacts.of(train_data, val_data, *val_missing)
     observed = observed.replace(weights=weights_facts(config))
     planned = plan(config, facts, machine, observed)
+    # What the data adds (`--data DS/train.beton`: did you mean `--data DS`?).
+    _print_warnings((d for k, d in planned.decisions.items() if k not in first.decisions), env)
     if planned.batch_search is not None:
         observed = observed.replace(batch_fit=_search_batch(planned, facts.num_classes, env))
     planned, train_pipeline, val_pipeline = _open_pipelines(
         config, facts, machine, observed, (train_data, val_data), env, cleanup)
     apply_torch_threads(planned.threads.torch_threads)
     return planned, train_data, train_pipeline, val_pipeline
+
+
+def _print_warnings(decisions, env: DistEnv) -> None:
+    """Each decision's warning on stderr, once per run (rank 0): it runs, but not as meant or
+    slowly here."""
+    for decision in decisions:
+        if decision.warning and env.is_main:
+            print(f"train: warning: {decision.warning}", file=sys.stderr, flush=True)
 
 
 def _open_run_dir(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack, *,

@@ -3,7 +3,7 @@
     from turbotrain import Loader
     loader = Loader("OUT", split="train", batch_size=256, image_size=224, device="cuda")
     for epoch in range(epochs):
-        loader.set_epoch(epoch)
+        loader.set_epoch(epoch)     # optional: without it each pass is the next epoch
         for images, labels in loader: ...
 
 A Loader is planned by the rules `train` uses (plan.plan_loader: device, image size, pipeline,
@@ -15,6 +15,10 @@ mean/std by the model stem's own formula (models.InputStem), so the bus still ca
 
 Its position is the batches it has *handed out*: a pipeline that decodes ahead has read further,
 and a resumed epoch must continue after the last batch the loop saw (`state_dict`).
+
+Passes and epochs, as a DataLoader user expects them (`Loader.__iter__` states the rule): every
+`iter()` starts a pass at the first batch of its epoch; a pass is the next epoch unless
+`set_epoch` chose one since the last pass, or `load_state_dict` put the Loader mid-epoch.
 """
 from __future__ import annotations
 
@@ -151,6 +155,11 @@ class Loader:
                       else None)
         self._handed = 0  # batches of the current epoch handed out (the position saved)
         self._closed = False
+        # What the next pass is (__iter__): set by set_epoch, load_state_dict and passes.
+        self._passed = False  # a pass of the current epoch has started
+        self._epoch_given = False  # set_epoch since the last pass
+        self._restored = False  # load_state_dict since the last pass
+        self._pass: Iterator | None = None  # the current pass's iterator
 
     # -- what the plan decided, readable on the object
     @property
@@ -182,10 +191,19 @@ class Loader:
 
     @property
     def class_names(self) -> list[str]:
+        """The class of each label, in label order (prepare-dataset's folder names; "0",
+        "1", ... for a bare .beton written without names)."""
         return list(self.dataset.class_names)
 
     @property
+    def classes(self) -> list[str]:
+        """class_names under the name `open_dataset`'s split (and torchvision's ImageFolder)
+        give it."""
+        return self.class_names
+
+    @property
     def epoch(self) -> int:
+        """The epoch of the current pass (before the first: the one it will be)."""
         return self.pipeline.epoch
 
     # -- the pipeline contract (pipeline/base.py), counted in handed-out batches
@@ -193,19 +211,70 @@ class Loader:
         return len(self.pipeline)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """A pass over one epoch, as a DataLoader user expects (a peek with
+        `next(iter(loader))` does not shorten the next `for`, and passes without `set_epoch`
+        reshuffle and re-augment):
+
+        * it starts at the epoch's first batch, except right after `load_state_dict`, where it
+          continues after the last batch handed out when the state was saved;
+        * its epoch is the one `set_epoch` gave since the last pass; without one, the epoch
+          after the last pass's (the first pass: epoch 0; after a restored epoch that was
+          complete, the next one);
+        * starting a pass ends the previous pass's iterator."""
         if self._closed:
             raise LoaderError("this Loader is closed; make a new one")
-        self._handed = self.pipeline.batch_index
-        for images, labels in self.pipeline:
-            self._handed += 1
-            yield (self._stem(images).to(self.dtype) if self._stem is not None
-                   else images), labels
+        self._end_pass()
+        epoch, index = self._pass_start()
+        if (epoch, index) != (self.pipeline.epoch, self.pipeline.batch_index):
+            self.pipeline.load_state_dict({**self.pipeline.state_dict(), "epoch": epoch,
+                                           "batch_index": index})
+        self._handed = index
+        self._restored = self._epoch_given = False
+        self._passed = True
+        self._pass = self._batches()
+        return self._pass
+
+    def _pass_start(self) -> tuple[int, int]:
+        """(epoch, first batch) of the pass iter() starts: the rule in its docstring, a
+        function of the position and of what was called since the last pass."""
+        epoch = self.pipeline.epoch
+        if self._restored and (self._handed < len(self) or self._epoch_given):
+            return epoch, self._handed
+        if self._passed and not self._epoch_given:
+            return epoch + 1, 0
+        return epoch, 0
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        batches = iter(self.pipeline)
+        try:
+            for images, labels in batches:
+                self._handed += 1
+                yield (self._stem(images).to(self.dtype) if self._stem is not None
+                       else images), labels
+        finally:
+            # Closed now, not when collected: its threads would still move the position.
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    def _end_pass(self) -> None:
+        if self._pass is not None:
+            self._pass.close()
+            self._pass = None
 
     def set_epoch(self, epoch: int) -> None:
+        """The next pass is `epoch` (its order and augmentation, and its image size under
+        progressive resizing), from its first batch; right after `load_state_dict` of the
+        same epoch, from the restored position. Passes after it without set_epoch go on
+        counting from it."""
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise LoaderError(f"set_epoch(epoch={epoch!r}): needs an integer >= 0")
-        if epoch != self.pipeline.epoch:
+        # The position is kept for the restored epoch, and for a pass of it still running.
+        running = self._pass is not None and self._pass.gi_frame is not None
+        if epoch != self.pipeline.epoch or not (self._restored or running):
+            self._restored = False
             self._handed = 0
+        self._epoch_given = True
         self.pipeline.set_epoch(epoch)
 
     def size_at(self, epoch: int) -> int:
@@ -219,15 +288,20 @@ class Loader:
                 "batch_index": self._handed}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continues after the last batch handed out when `state` was saved."""
+        """The next pass continues after the last batch handed out when `state` was saved
+        (the next epoch's first when that epoch was complete; `set_epoch` of the saved epoch
+        keeps the position, of another drops it)."""
         epoch, index = _checked_position(state, len(self))
+        self._end_pass()
         self.pipeline.load_state_dict({**state, "epoch": epoch, "batch_index": index})
         self._handed = index
+        self._restored, self._passed, self._epoch_given = True, True, False
 
     def close(self) -> None:
         """Stops the pipeline's threads or processes; safe to call twice."""
         if not self._closed:
             self._closed = True
+            self._end_pass()
             self.pipeline.close()
 
     def __enter__(self) -> Loader:

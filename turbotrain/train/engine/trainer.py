@@ -31,7 +31,7 @@ from ..records.ledger import StepLedger
 from ..records.monitor import RunMonitor
 from ..records.progress import Progress
 from ..records.report import MetricsLog, plot_curves, write_summary
-from ..step.distributed import (barrier, destroy_process_group, dist_env_from_environ,
+from ..step.distributed import (all_reduce_sum, barrier, destroy_process_group, dist_env_from_environ,
                                 explain_collective_failure, is_collective_failure, max_over_ranks,
                                 mean_loss_and_any_stop, report_collective_failures_before_sigterm)
 from ..step.loop import evaluate, parameters_finite
@@ -175,6 +175,7 @@ class Trainer:
         c.micro_in_epoch = 0
         c.epoch_loss_sum = 0.0
         c.epoch_steps = 0
+        c.epoch_hits = c.epoch_images = 0
         self._checkpoint()
 
     # ------------------------------------------------------------------ timing and logging
@@ -239,6 +240,7 @@ class Trainer:
         c.window_steps = 0
         self.metrics.write({"kind": "step", "epoch": c.epoch, "epoch_float": self._epoch_float(),
                             "step": c.step, "loss": loss, "lr": self.run.engine.lr(c.step),
+                            "train_accuracy": self._train_accuracy(),
                             "images_per_second": rate, "data_wait_fraction": wait,
                             "image_size": self.run.train_pipeline.size_at(c.epoch),
                             **self.run.engine.log_record(),
@@ -249,6 +251,19 @@ class Trainer:
                              data_wait_fraction=wait,
                              eta_seconds=self.ledger.mean_step_seconds * (total - c.step))
         return stopping
+
+    def _train_accuracy(self) -> float | None:
+        """The log window's top-1 accuracy on the training batches (augmented, all ranks), read
+        here where the loss is read; its counts are added to the epoch's."""
+        hits, images = self.run.engine.take_accuracy_counts()
+        # Every rank takes part in the all-reduce, whatever it counted.
+        counts = torch.tensor([0.0, float(images)], dtype=torch.float64, device=self.run.device)
+        if hits is not None:
+            counts[0] += hits
+        hits, images = all_reduce_sum(counts, self.run.env).tolist()
+        self.counters.epoch_hits += int(hits)
+        self.counters.epoch_images += int(images)
+        return hits / images if images else None
 
     def _diverged(self, what: str) -> None:
         c = self.counters
@@ -268,10 +283,12 @@ class Trainer:
         result = evaluate(run.model, run.val_pipeline, device=run.device,
                           precision=run.precision, channels_last=run.channels_last, env=run.env,
                           tta=run.config.tta)
+        spent = c.eval_seconds
         c.eval_seconds += result.pop("eval_seconds")
         c.val = result
         c.last_eval_step = c.step
-        self.keeper.evaluated(c, result)
+        self.keeper.evaluated(c, result)  # the EMA weights' evaluation, when kept, adds to it
+        self.monitor.timeline.mark_eval(c.step, c.eval_seconds - spent)
         if record_epoch:
             self._write_epoch_record(result)
         at_size = (f" ({run.train_pipeline.size_at(c.epoch)} px)" if run.config.progressive
@@ -286,8 +303,9 @@ class Trainer:
     def _write_epoch_record(self, result: dict) -> None:
         c = self.counters
         train_loss = c.epoch_loss_sum / c.epoch_steps if c.epoch_steps else None
+        accuracy = c.epoch_hits / c.epoch_images if c.epoch_images else None
         self.metrics.write({"kind": "epoch", "epoch": c.epoch, "epoch_float": c.epoch + 1.0,
-                            "step": c.step, "train_loss": train_loss,
+                            "step": c.step, "train_loss": train_loss, "train_accuracy": accuracy,
                             "image_size": self.run.train_pipeline.size_at(c.epoch), **result,
                             "time": self.elapsed()})
 
@@ -354,7 +372,9 @@ class Trainer:
             self.monitor.timeline.stopped = (c.step, stop_record["reason"])
         diagnosis, monitor_files = self.monitor.finish(run, self.ledger)
         if self.main:  # before the clock is read: the figures are the run's time too (~1 s)
-            plot_curves(run.run_dir)
+            plot_curves(run.run_dir, label_smoothing=run.config.label_smoothing,
+                        num_classes=run.num_classes,
+                        mixed=bool(run.config.mixup or run.config.cutmix))
         wall = self.elapsed()
         length = self.length.summary(c, outcome, wall)
         summary = run_summary(run, c, self.ledger, outcome=outcome, wall_seconds=wall,

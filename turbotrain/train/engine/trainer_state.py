@@ -37,6 +37,8 @@ class Counters:
     window_steps: int = 0  # steps in the current loss window
     epoch_loss_sum: float = 0.0
     epoch_steps: int = 0
+    epoch_hits: int = 0  # top-1 hits on this epoch's training batches, all ranks
+    epoch_images: int = 0  # the images they are out of (train_accuracy in the epoch record)
     bad_windows: int = 0
     last_checkpoint_step: int = -1
     last_eval_step: int = -1

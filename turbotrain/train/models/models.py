@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ...did_you_mean import closest
 from ..errors import TrainError
 from . import nets  # noqa: F401  (registers resnet9, airbench, compact28)
 from .blurpool import MIN_CHANNELS, apply_blurpool
@@ -42,6 +43,16 @@ def model_choices() -> str:
             f"or {TIMM_PREFIX}NAME with timm installed")
 
 
+def unknown_model(name: str) -> str:
+    """The one line for an unknown --model: the closest names when there are some (a typo:
+    `resnet181`), else every choice."""
+    close = closest(name, [*model_names(), *torchvision_model_names()])
+    if close:
+        return (f"unknown model {name!r}; did you mean {' or '.join(close)}? (or "
+                f"{TIMM_PREFIX}NAME for a timm model)")
+    return f"unknown model {name!r}; choose one of: {model_choices()}"
+
+
 def get_model_spec(name: str, *, model_kwargs: dict | None = None,
                    image_size: int | None = None, where: str = "--model-kwargs",
                    blurpool: bool = False) -> ModelSpec:
@@ -57,7 +68,7 @@ def get_model_spec(name: str, *, model_kwargs: dict | None = None,
     elif name in torchvision_model_names():
         spec = _torchvision_spec(name, kwargs, where)
     else:
-        raise TrainError(f"unknown model {name!r}; choose one of: {model_choices()}")
+        raise TrainError(unknown_model(name))
     return _with_blurpool(spec, where) if blurpool else spec
 
 

@@ -128,7 +128,10 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
         return Plan(config, machine, _ordered(d))
 
     if facts.val_count is None:
-        d["evaluation"] = Decision("none", facts.val_missing)
+        # Training on DS/train.beton is allowed (a split on purpose), but rarely meant when DS
+        # has a val split: a warning, not an error (no flag turns evaluation off otherwise).
+        d["evaluation"] = Decision("none", facts.val_missing,
+                                   warning=facts.val_missing if facts.val_meant else "")
     weights = _weights(config, observed)
     config, spec = _model(d, config, facts, device, weights, machine)
     config = _progressive(d, config, facts, spec)

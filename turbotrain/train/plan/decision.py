@@ -12,7 +12,8 @@ class Decision:
     # Printed among the run's decisions. A value given for a setting the trainer otherwise
     # works out from the data (image size, model, batch, lr, ...) is not: it is in config.yaml.
     shown: bool = True
-    warning: str = ""  # also printed on stderr at the start: it runs, but slowly here
+    # Also printed on stderr at the start: it runs, but slowly here, or likely not as meant.
+    warning: str = ""
 
     def line(self) -> str:
         return f"{self.value}: {self.reason}"

@@ -34,6 +34,9 @@ class DatasetFacts:
     class_names: tuple[str, ...] = ()
     val_count: int | None = None  # None: no val split, for the reason in `val_missing`
     val_missing: str = ""
+    # The prepared folder a single-file --data is a split of, when it has a val split: the
+    # folder the user likely meant (the plan warns; "" otherwise).
+    val_meant: str = ""
     stored_bytes: int = 0  # the train split on disk (dataset.json's total)
     # A remote split's local shard cache limit in bytes (None: local data, or no limit).
     cache_limit: int | None = None
@@ -42,14 +45,17 @@ class DatasetFacts:
     same_label_neighbours: float = 0.0
 
     @classmethod
-    def of(cls, train, val=None, val_missing: str = "no val split") -> DatasetFacts:
-        """From opened splits (datasets.open_dataset); `val_missing`: why `val` is None."""
+    def of(cls, train, val=None, val_missing: str = "no val split",
+           val_meant: str = "") -> DatasetFacts:
+        """From opened splits (datasets.open_dataset); `val_missing`: why `val` is None;
+        `val_meant`: as the field (train/engine/data.py open_val_split)."""
         labels = np.asarray(train.labels)
         same = float((labels[1:] == labels[:-1]).mean()) if len(labels) > 1 else 0.0
         return cls(train_count=len(train), largest_side=largest_side(train),
                    jpeg_fraction=jpeg_fraction(train), num_classes=train.num_classes,
                    class_names=tuple(train.class_names),
                    val_count=None if val is None else len(val), val_missing=val_missing,
+                   val_meant=val_meant,
                    stored_bytes=stored_bytes(train),
                    cache_limit=getattr(train, "cache_limit", None),
                    same_label_neighbours=same)

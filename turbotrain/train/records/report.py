@@ -106,9 +106,37 @@ def write_summary(run_dir: str | os.PathLike, summary: dict) -> None:
 FEW_POINTS = 10  # train-loss points up to which each one is marked
 
 
-def plot_curves(run_dir: str | os.PathLike) -> Path | None:
-    """curves.png: train/val loss and val accuracy against wall time and against epoch; a run
-    without a val split has no accuracy to draw: the loss row only, titled so."""
+def smoothed_loss_floor(label_smoothing: float, num_classes: int) -> float:
+    """The lowest cross-entropy a model can reach on label-smoothed targets, their entropy:
+    0.50 for 0.1 over 10 classes, where the val loss (hard labels) can go to 0. So a train
+    loss above the val loss is no sign of underfitting."""
+    if label_smoothing <= 0 or num_classes < 2:
+        return 0.0
+    off = label_smoothing / num_classes
+    on = 1.0 - label_smoothing + off
+    return -(on * math.log(on) + (num_classes - 1) * off * math.log(off))
+
+
+def train_loss_note(label_smoothing: float, num_classes: int, mixed: bool) -> str:
+    """What makes the train loss read differently from the val loss, for curves.png ("" when
+    nothing does)."""
+    notes = []
+    if label_smoothing > 0:
+        notes.append(f"train loss on label-smoothed targets ({label_smoothing:g}): it cannot "
+                     f"go below {smoothed_loss_floor(label_smoothing, num_classes):.2f} "
+                     "(dotted); the val loss (hard labels) can reach 0")
+    if mixed:
+        notes.append("train loss and accuracy on mixed images (--mixup / --cutmix)")
+    return "; ".join(notes)
+
+
+def plot_curves(run_dir: str | os.PathLike, *, label_smoothing: float = 0.0,
+                num_classes: int = 0, mixed: bool = False) -> Path | None:
+    """curves.png: train/val loss and train/val accuracy against wall time and against epoch
+    (train accuracy: on the augmented training batches, per log window); a run without a val
+    split has the train curves only, titled so. `label_smoothing`, `num_classes`, `mixed`:
+    the training loss's settings, said in the title (train_loss_note) with the smoothed
+    loss's floor drawn."""
     records = read_metrics(run_dir)
     steps = [r for r in records if r.get("kind") == "step" and r.get("loss") is not None]
     epochs = [r for r in records if r.get("kind") == "epoch"]
@@ -120,40 +148,53 @@ def plot_curves(run_dir: str | os.PathLike) -> Path | None:
     import matplotlib.pyplot as plt
 
     with_val = [r for r in epochs if r.get("val_loss") is not None]
-    rows = 2 if with_val else 1
-    fig, axes = plt.subplots(rows, 2, figsize=(11, 3.5 * rows + 0.5 * (rows == 1)),
+    trained = [r for r in steps if r.get("train_accuracy") is not None]
+    rows = 2 if with_val or trained else 1
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 3.5 * rows + 0.5),
                              constrained_layout=True, squeeze=False)
-    if not with_val:
-        fig.suptitle("train loss only: the run had no val split to measure accuracy on")
+    titles = [] if with_val else [
+        "train loss only: the run had no val split to measure accuracy on" if rows == 1
+        else "the training curves only: the run had no val split to measure on"]
+    note = train_loss_note(label_smoothing, num_classes, mixed)
+    if titles or note:
+        fig.suptitle("\n".join(titles + ([note] if note else [])), fontsize=10)
+    floor = smoothed_loss_floor(label_smoothing, num_classes)
     for column, axis_key, label in ((0, "time", "wall time (s)"), (1, "epoch_float", "epoch")):
         loss_ax = axes[0][column]
-        acc_ax = axes[1][column] if with_val else None
+        acc_ax = axes[1][column] if rows == 2 else None
+        drawn = (loss_ax, acc_ax) if acc_ax is not None else (loss_ax,)
         # A short run logs one or two steps: a line through one point draws nothing, so its
         # points are marked (a 3-step run's curves.png was an empty frame with a legend).
         loss_ax.plot([r[axis_key] for r in steps], [r["loss"] for r in steps],
                      label="train loss", lw=1, marker="o" if len(steps) <= FEW_POINTS else None)
+        if floor > 0:
+            loss_ax.axhline(floor, color="C0", ls=":", lw=1,
+                            label=f"train loss floor ({floor:.2f}, label smoothing)")
+        if trained:
+            acc_ax.plot([r[axis_key] for r in trained], [r["train_accuracy"] for r in trained],
+                        label="train accuracy (augmented batches)", lw=1, color="C0",
+                        marker="o" if len(trained) <= FEW_POINTS else None)
         if with_val:
             loss_ax.plot([r[axis_key] for r in with_val], [r["val_loss"] for r in with_val],
                          "o-", label="val loss")
             acc_ax.plot([r[axis_key] for r in with_val], [r["val_accuracy"] for r in with_val],
                         "o-", label="val accuracy", color="C2")
         for x, size in size_starts(epochs, axis_key):  # progressive resizing
-            for ax in (loss_ax, acc_ax) if with_val else (loss_ax,):
+            for ax in drawn:
                 ax.axvline(x, color="0.5", ls="-.", lw=1)
                 ax.annotate(f"{size} px", (x, 1), xycoords=("data", "axes fraction"),
                             xytext=(3, -12), textcoords="offset points", color="0.35")
         for stop in stops:  # --target-accuracy / --time-budget ended the run here
-            for ax in (loss_ax, acc_ax) if with_val else (loss_ax,):
+            for ax in drawn:
                 # Black dashed: C1 (orange) is the val loss drawn beside it.
                 ax.axvline(stop[axis_key], color="k", ls="--", lw=1.5,
                            label=f"stopped: {stop['reason'].replace('_', ' ')}")
         loss_ax.set(xlabel=label, ylabel="loss")
         loss_ax.legend()
         loss_ax.grid(alpha=0.3)
-        if with_val:
+        if acc_ax is not None:
             acc_ax.set(xlabel=label, ylabel="accuracy", ylim=(0, 1))
-            if stops:
-                acc_ax.legend()
+            acc_ax.legend()
             acc_ax.grid(alpha=0.3)
     return save_figure(fig, Path(run_dir) / CURVES_NAME)
 

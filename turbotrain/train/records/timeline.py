@@ -2,7 +2,10 @@
 
 A stall (the loader refilling at an epoch start, a slow disk, a checkpoint's page-cache
 eviction) shows up as a red spike above the blue compute band. Epoch starts are dotted lines,
-the step a resumed run continued from a dashed one.
+the step a resumed run continued from a dashed one. Evaluations run between steps, so they
+have no width on the step axis: each is a mark at the step it followed, labelled with its
+seconds, and the legend gives their total (the run's wall time is steps + evaluations + the
+rest).
 
 Memory stays bounded on long runs: at most MAX_POINTS buckets are kept; when full, neighbours
 merge (each bucket then averages twice as many steps), so a 1 M-step run costs the same few
@@ -20,6 +23,7 @@ from .report import save_figure
 
 TIMELINE_NAME = "timeline.png"
 MAX_POINTS = 4096  # buckets kept; ~2x a figure's pixel width, so merging is never visible
+EVAL_LABELS = 12  # evaluations labelled with their seconds; past this the labels overlap
 
 
 class StepTimeline:
@@ -36,6 +40,7 @@ class StepTimeline:
         self.sizes: list[list[int]] = []
         self.profiled: tuple[int, int] | None = None  # (first, last) profiled step
         self.stopped: tuple[int, str] | None = None  # (step, why): --target-accuracy, --time-budget
+        self.evals: list[list[float]] = []  # [step, seconds] of each evaluation, after the step
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -75,6 +80,10 @@ class StepTimeline:
     def mark_resume(self, step: int) -> None:
         self.resumes.append(step)
 
+    def mark_eval(self, step: int, seconds: float) -> None:
+        """An evaluation of `seconds` ran after optimizer step `step`."""
+        self.evals.append([int(step), float(seconds)])
+
     def mark_size(self, step: int, size: int) -> None:
         """The batches are `size` px from `step` on (marked only where the size changes)."""
         if not self.sizes or self.sizes[-1][1] != size:
@@ -88,6 +97,7 @@ class StepTimeline:
                 "data_wait": list(self.data_wait), "compute": list(self.compute),
                 "counts": list(self.counts), "epoch_starts": list(self.epoch_starts),
                 "resumes": list(self.resumes), "sizes": [list(s) for s in self.sizes],
+                "evals": [list(e) for e in self.evals],
                 "profiled": list(self.profiled) if self.profiled is not None else None}
 
     def load_state_dict(self, saved: dict) -> None:
@@ -117,6 +127,12 @@ class StepTimeline:
                                                 for s in sizes)):
             raise ValueError(f"timeline sizes are {sizes!r:.60}")
         self.sizes = [list(array("q", s)) for s in sizes]
+        evals = saved.get("evals", [])  # absent from checkpoints before evaluations were drawn
+        if not (isinstance(evals, list) and all(
+                isinstance(e, list) and len(e) == 2 and type(e[0]) is int
+                and type(e[1]) in (int, float) and e[1] >= 0 for e in evals)):
+            raise ValueError(f"timeline evals are {evals!r:.60}")
+        self.evals = [[e[0], float(e[1])] for e in evals]
         self.profiled = tuple(array("q", profiled)) if profiled is not None else None
 
     # ------------------------------------------------------------------ the picture
@@ -152,6 +168,7 @@ class StepTimeline:
                 ax.axvline(step, color="C2", ls="-.", lw=1)
                 ax.annotate(f"{size} px", (step, 1), xycoords=("data", "axes fraction"),
                             xytext=(3, -12), textcoords="offset points", color="C2")
+        self._draw_evals(ax)
         if self.profiled is not None:
             ax.axvspan(self.profiled[0], self.profiled[1] + 1, color="C2", alpha=0.15,
                        label="profiled (--profile)")
@@ -165,3 +182,19 @@ class StepTimeline:
         ax.grid(alpha=0.3)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
         return save_figure(fig, path)
+
+    def _draw_evals(self, ax) -> None:
+        """Each evaluation as a mark at the top of the plot at its step, with its seconds
+        (the first few; more would overlap), and their total in the legend."""
+        if not self.evals:
+            return
+        steps = [step for step, _ in self.evals]
+        total = sum(seconds for _, seconds in self.evals)
+        ax.plot(steps, [1.0] * len(steps), "v", color="C5", ms=7, clip_on=False,
+                transform=ax.get_xaxis_transform(),
+                label=f"evaluation ({len(steps)}, {total:.3g} s in all, not in the steps)")
+        if len(steps) <= EVAL_LABELS:
+            for step, seconds in self.evals:
+                ax.annotate(f"{seconds:.2g} s", (step, 1), xycoords=("data", "axes fraction"),
+                            xytext=(-6, -22), textcoords="offset points", color="C5",
+                            fontsize=8)

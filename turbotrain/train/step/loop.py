@@ -87,6 +87,12 @@ class StepEngine:
         self.ema_source = ema_source  # the plain module the EMA follows
         self.mixer = mixer
         self.grad_norm: torch.Tensor | None = None  # the last step's, before clipping
+        # Top-1 hits on the training batches since the last read, summed on the device, and
+        # the images they are out of (`take_accuracy_counts`, at log points): no host sync per
+        # step (a tensor made from a host number on CUDA would be a blocking copy: the count
+        # stays a Python int).
+        self._hits: torch.Tensor | None = None
+        self._images = 0
 
     def micro_step(self, images: torch.Tensor, labels: torch.Tensor, will_step: bool,
                    position: tuple[int, int] | None = None) -> torch.Tensor:
@@ -104,7 +110,23 @@ class StepEngine:
                 logits = self.model(images)
                 loss = criterion(logits, targets) / s.accum_steps
             self.scaler.scale(loss).backward()
+        self._count_hits(logits.detach(), labels)
         return loss.detach()
+
+    def _count_hits(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """Adds the micro-batch's top-1 hits (against each image's own label, mixed or not)
+        and its size to the device-side counts: an argmax and a sum a micro-batch, queued
+        like the step itself."""
+        hits = (logits.argmax(dim=1) == labels).sum()
+        self._hits = hits if self._hits is None else self._hits + hits
+        self._images += labels.shape[0]
+
+    def take_accuracy_counts(self) -> tuple[torch.Tensor | None, int]:
+        """(top-1 hits as a device tensor or None, images) on the training batches since the
+        last call; the counts start again from zero."""
+        counts = self._hits, self._images
+        self._hits, self._images = None, 0
+        return counts
 
     def optimizer_step(self, step: int) -> None:
         """Steps the optimizer at the LRs of optimizer step `step` (the run's steps before

@@ -143,8 +143,7 @@ def train_picks(data: str | None = None, machine=None):
     machine = machine or detect_machine(dist_env_from_environ())
     facts = None
     if data is not None:
-        val, missing = open_val_split(data)
-        facts = DatasetFacts.of(open_split(data, "train"), val, missing)
+        facts = DatasetFacts.of(open_split(data, "train"), *open_val_split(data))
     planned = plan(TrainConfig(data=data), facts, machine)
     picks = {}
     for name, decision in planned.decisions.items():

@@ -198,7 +198,7 @@ def _dataset_images(loaded: LoadedModel, data) -> tuple[torch.Tensor, str]:
     batch by batch (the pytorch pipeline: holding the decoded split would decode all of it
     for one batch)."""
 
-    split, _ = open_val_split(data)
+    split = open_val_split(data)[0]
     if split is None:
         split = open_split(data, "train")
     name = streaming_cpu_pipeline()
