@@ -173,22 +173,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/ddp.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/ddp.json as BENCHMARKS.md shows it."""
     def reduce(r: dict) -> str | None:
         a = r.get("gradient_allreduce")
         return a and f"{a['gradient_megabytes']:.1f} MB in {a['median_ms']:.2f} ms (median)"
-    return "\n".join([
+    return common.markdown(
         f"`train` as one process vs two under `torchrun` (DDP over Gloo) on the same "
         f"{result['cores']}-core CPU: global batch {result['global_batch']}, the trainer's own "
         f"images/s, best of {result['rounds']} interleaved rounds. The all-reduce is timed "
         "alone, between two processes. No numeric goal: on one CPU the processes share the same "
-        "cores, so this shows the cost of DDP's machinery rather than scaling.", "",
-        *common.md_table(["model", "layout", "images/s", "vs one process", "data wait",
-                          "gradient all-reduce"],
-                         [[r["model"], r["layout"], common.rate(r.get("images_per_second")),
-                           common.times(r.get("speedup_vs_one_process")),
-                           common.percent(r.get("data_wait_fraction")), reduce(r)]
-                          for r in result["results"]])])
+        "cores, so this shows the cost of DDP's machinery rather than scaling.",
+        common.md_table(["model", "layout", "images/s", "vs one process", "data wait",
+                         "gradient all-reduce"],
+                        [[r["model"], r["layout"], common.rate(r.get("images_per_second")),
+                          common.times(r.get("speedup_vs_one_process")),
+                          common.percent(r.get("data_wait_fraction")), reduce(r)]
+                         for r in result["results"]]))
 
 
 if __name__ == "__main__":

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/demo.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/demo.json as BENCHMARKS.md shows it."""
     demo, budgets = result["demo"], result["budgets"]
     if demo.get("outcome") == "target_accuracy":
         ending = (f"; it stopped at epoch {demo['target_reached_epoch']}, the first to reach its "
@@ -167,17 +167,17 @@ def markdown(result: dict) -> str:
         budget = demo.get("time_budget_seconds")
         ending = f"; it ran to its {budget:g} s time budget" if budget else ""
     flags = " ".join(budgets[0].get("flags") or []) if budgets else ""
-    return "\n".join([
+    return common.markdown(
         f"`turbotrain demo`, end to end in a fresh process: training **{demo['train_seconds']} "
         f"s** ({demo['model']} at {demo['image_size']} px, {demo['precision']}, "
         f"{demo['epochs']} epochs), val accuracy **{common.percent(demo['val_accuracy'])}**, "
-        f"{demo['total_seconds']} s in all with writing and preparing the images{ending}.", "",
+        f"{demo['total_seconds']} s in all with writing and preparing the images{ending}.",
         f"`train --time-budget B` on the demo's prepared dataset ({flags}), each in a fresh "
-        "process:", "",
-        *common.md_table(["budget", "training time", "used", "epochs", "val accuracy"],
-                         [[f"{b['budget_seconds']:g} s", f"{b['train_seconds']} s",
-                           common.percent(b.get("used_fraction")), b.get("epochs"),
-                           common.percent(b.get("val_accuracy"))] for b in budgets])])
+        "process:",
+        common.md_table(["budget", "training time", "used", "epochs", "val accuracy"],
+                        [[f"{b['budget_seconds']:g} s", f"{b['train_seconds']} s",
+                          common.percent(b.get("used_fraction")), b.get("epochs"),
+                          common.percent(b.get("val_accuracy"))] for b in budgets]))
 
 
 if __name__ == "__main__":

@@ -251,7 +251,7 @@ def goals(result: dict) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/doctor.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/doctor.json as BENCHMARKS.md shows it."""
     rows = []
     for c in result.get("cases", []):
         found = c.get("top") or c.get("skipped") or c.get("error")
@@ -259,20 +259,19 @@ def markdown(result: dict) -> str:
         rows.append([c["case"], f"`{c.get('expected')}`", found, common.times(c.get("predicted")),
                      common.times(c.get("measured")),
                      None if error is None else f"{error:+.0f}%"])
-    lines = [f"`turbotrain doctor` on bench/doctor_script.py with one planted mistake each "
+    intro = (f"`turbotrain doctor` on bench/doctor_script.py with one planted mistake each "
              f"({result.get('cores')} cores, native bf16: {result.get('cpu_native_bf16')}); the "
              f"top finding's change applied; speedup of the script's own images/s, best of "
              f"{result.get('rounds')} runs before and after, {result.get('steps')} timed "
-             "steps.\n"]
-    lines += common.md_table(["planted mistake", "expected finding", "top finding",
-                              "predicted", "measured", "predicted vs measured"], rows)
-    lines += common.md_table(
+             "steps.")
+    return common.markdown(intro, common.md_table(
+        ["planted mistake", "expected finding", "top finding", "predicted", "measured",
+         "predicted vs measured"], rows), common.md_table(
         ["hook overhead on", "images/s without", "with the hook", "overhead"],
         [[h.get("case"), common.rate(max(filter(None, h.get("without", [])), default=None)),
           common.rate(max(filter(None, h.get("with_hook", [])), default=None)),
           None if h.get("overhead_pct") is None else f"{h['overhead_pct']:.1f}%"]
-         for h in result.get("overhead", [])])
-    return "\n".join(lines)
+         for h in result.get("overhead", [])]))
 
 
 if __name__ == "__main__":

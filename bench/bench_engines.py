@@ -114,20 +114,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/engines.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/engines.json as BENCHMARKS.md shows it."""
     entries = result["results"]
     base = (entries.get("pytorch") or {}).get("images_per_second")
     photos = result["photos"]
-    return "\n".join([
+    return common.markdown(
         f"Our pipelines through the registry, as the trainer builds them: {photos['images']} "
         f"JPEGs {photos['size']}, RandomResizedCrop {photos['image_size']} + flip, batch "
         f"{photos['batch_size']}, {result['workers']} threads, best of {result['rounds']} "
-        "rounds. No numeric goal: this is how the engines compare on a CPU.", "",
-        *common.md_table(["pipeline", "images/s", "vs pytorch", "what"],
-                         [[f"`{name}`", common.rate(r["images_per_second"]),
-                           common.times(common.ratio(r["images_per_second"], base)),
-                           r["what"] if r["images_per_second"] else common.run_error(r["runs"])]
-                          for name, r in entries.items()])])
+        "rounds. No numeric goal: this is how the engines compare on a CPU.",
+        common.md_table(["pipeline", "images/s", "vs pytorch", "what"],
+                        [[f"`{name}`", common.rate(r["images_per_second"]),
+                          common.times(common.ratio(r["images_per_second"], base)),
+                          r["what"] if r["images_per_second"] else common.run_error(r["runs"])]
+                         for name, r in entries.items()]))
 
 
 if __name__ == "__main__":

@@ -392,14 +392,15 @@ def _kept_line(result: dict) -> str:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/kernel.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/kernel.json as BENCHMARKS.md shows it."""
     def kept_table(results: dict) -> list[str]:
         return common.md_table(
             ["loader", "alone (images/s)", "beside a busy thread", "kept"],
             [[f"`{name}`", common.rate(r.get("alone")), common.rate(r.get("busy")),
               f"{r['kept']:.0%}" if "kept" in r else f"failed: {r.get('error')}"]
              for name, r in results.items()])
-    lines = [
+    stages, feed, use = result.get("stages"), result.get("feed") or {}, result.get("use")
+    return common.markdown(
         f"The compiled decode kernel. {result['images']} photo-like JPEGs {result['size']}, "
         f"RandomResizedCrop {result['image_size']} + flip, batch {result['batch_size']}, every "
         "measurement a fresh process. *Beside a Python-busy thread*: a second thread of the same "
@@ -409,37 +410,28 @@ def markdown(result: dict) -> str:
         "`pytorch_python` is the same pipeline on the Python decode path (TURBOTRAIN_NATIVE=0, "
         "the code before the kernel); `native_calls` is a Python thread pool making one native "
         "call per batch (the mechanism not chosen); `plain_spdl` is SPDL's own pipeline "
-        "(bench_pipelines.py).", "", "One decode thread:", "", *kept_table(result["busy"])]
-    if result.get("modes"):
-        lines += ["Two decode threads (the plan's worker_mode rule):", "",
-                  *kept_table(result["modes"])]
-    stages = result.get("stages")
-    if stages:
-        per_image = [[what, common.decimal(stages[key]["python_per_batch_us"]
-                                           / result["batch_size"]),
-                      common.rate(stages[key]["decode_us"]), common.rate(stages[key]["resize_us"])]
-                     for key, what in (("region", "region decode (the pipelines')"),
-                                       ("full", "full decode, then crop"))]
-        lines += ["Where one sample's time goes, one thread (µs per image; *Python* is the "
-                  "per-batch table building divided by the batch):", "",
-                  *common.md_table(["kernel", "Python", "decode", "resize + flip"], per_image),
-                  f"The Python decode path: {common.rate(stages['python_path_us'])} µs per "
-                  "image, everything included.", ""]
-    feed = result.get("feed") or {}
-    if "before_us" in feed:
-        lines += [f"DALI's feed (graph_inputs' payloads and header checks): "
-                  f"{feed['before_us']:.1f} µs per image as a per-sample Python loop, "
-                  f"{feed['after_us']:.1f} µs vectorised with one native header check per "
-                  "batch.", ""]
-    use = result.get("use")
-    if use:
-        lines += common.md_table(
-            ["", "predict input (images/s)", "resident load (s)"],
-            [[what, common.rate(use[key]["predict_images_per_second"]),
-              f"{use[key]['resident_load_s']:.2f} s"]
-             for key, what in (("python", "Python decode path (before)"),
-                               ("native", "native kernel"))])
-    return "\n".join(lines)
+        "(bench_pipelines.py).", "One decode thread:", kept_table(result["busy"]),
+        *(["Two decode threads (the plan's worker_mode rule):", kept_table(result["modes"])]
+          if result.get("modes") else []),
+        *(["Where one sample's time goes, one thread (µs per image; *Python* is the per-batch "
+           "table building divided by the batch):",
+           common.md_table(["kernel", "Python", "decode", "resize + flip"],
+                           [[what, common.decimal(stages[key]["python_per_batch_us"]
+                                                  / result["batch_size"]),
+                             common.rate(stages[key]["decode_us"]),
+                             common.rate(stages[key]["resize_us"])]
+                            for key, what in (("region", "region decode (the pipelines')"),
+                                              ("full", "full decode, then crop"))]),
+           f"The Python decode path: {common.rate(stages['python_path_us'])} µs per image, "
+           "everything included."] if stages else []),
+        *([f"DALI's feed (graph_inputs' payloads and header checks): {feed['before_us']:.1f} µs "
+           f"per image as a per-sample Python loop, {feed['after_us']:.1f} µs vectorised with "
+           "one native header check per batch."] if "before_us" in feed else []),
+        *([common.md_table(["", "predict input (images/s)", "resident load (s)"],
+                           [[what, common.rate(use[key]["predict_images_per_second"]),
+                             f"{use[key]['resident_load_s']:.2f} s"]
+                            for key, what in (("python", "Python decode path (before)"),
+                                              ("native", "native kernel"))])] if use else []))
 
 
 if __name__ == "__main__":

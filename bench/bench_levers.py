@@ -253,73 +253,45 @@ def resnet50_costs(sizes, steps: int, batch: int | None) -> list[dict]:
 
 
 # == the section in BENCHMARKS.md ================================================================
-def markdown(result: dict) -> str:
-    """bench/results/levers.json as BENCHMARKS.md shows it (bench/report.py joins the
-    sections and lists the recorded goals)."""
-    return "\n".join(render(result))
-
-
-def render(data: dict) -> list[str]:
-    """The section's lines."""
-    md_table = common.md_table
-    lines = []
-    if data.get("quick"):
-        lines.append("**Smoke run (--quick) on tiny data: not a measurement.**\n")
-    lines.append(f"Each case trains twice per round, arms alternating: the levers as the plan "
-                 f"sets them (progressive resizing: {'yes' if data.get('progressive') else 'not in this build'}, "
-                 "test-time resolution, flip TTA) and the same command with them off. Target: "
-                 "the fixed arm's last-epoch accuracy; seconds from the start of training to "
-                 "the first evaluation at it (evaluations included).\n")
-    rows = []
-    for name in ("photos", "fashion"):
-        case = data.get(name)
-        if not case:
-            continue
-        for arm in ("levers", "fixed", "levers_blurpool"):
-            if arm not in case:
-                continue
+def markdown(data: dict) -> str:
+    """bench/results/levers.json as BENCHMARKS.md shows it (and main prints)."""
+    def points(diff: float | None) -> str:
+        return "n/a" if diff is None else f"{100 * diff:+.2f} pt"
+    rows, summary = [], []
+    for name in (n for n in ("photos", "fashion") if data.get(n)):
+        case = data[name]
+        for arm in (a for a in ("levers", "fixed", "levers_blurpool") if a in case):
             last = next((r for r in reversed(case[arm]) if "curve" in r), {})
             settings = last.get("settings", {})
             rows.append([name, arm, case["epochs"], settings.get("model"),
                          f"{settings.get('image_size')} / {settings.get('eval_res')}",
-                         settings.get("tta"), _pct(last.get("final_accuracy")),
-                         _num(case["eval_seconds"].get(arm)), _num(last.get("wall_seconds"))])
-    lines += md_table(["case", "arm", "epochs", "model", "train / eval px", "TTA",
-                       "final accuracy", "eval s", "run s"], rows)
-    summary = []
-    for name in ("photos", "fashion"):
-        case = data.get(name)
-        if case:
-            speed = f"{case['speedup']:.2f}x" if case.get("speedup") else "n/a"
-            diff = case.get("accuracy_difference")
-            summary.append(f"{name}: **{speed}** sooner to the fixed arm's accuracy (goal >= "
-                           f"{GOALS[name]:g}x), final accuracy "
-                           f"{'n/a' if diff is None else f'{100 * diff:+.2f} pt'}")
-    lines.append("; ".join(summary) + ".\n")
-    blur = data.get("photos", {}).get("levers_blurpool_speedup")
-    if "levers_blurpool" in data.get("photos", {}):
-        diff = data["photos"].get("levers_blurpool_accuracy_difference")
-        lines.append(f"With --blurpool on top (photos): "
-                     f"{'n/a' if blur is None else f'{blur:.2f}x'} sooner, final accuracy "
-                     f"{'n/a' if diff is None else f'{100 * diff:+.2f} pt'} (no goal: what "
-                     "--blurpool's default waits for).\n")
-    costs = data.get("resnet50", [])
-    if costs:
-        lines.append(f"resnet50 training step per size ({costs[0]['device']}, "
-                     f"{costs[0]['precision']}, batch {costs[0]['batch_size']}):\n")
-        lines += md_table(["px", "images/s", "ImageNet epoch s", "cost vs 224", "pixels vs 224"],
-                          [[c["image_size"], f"{c['images_per_second']:,.1f}",
-                            f"{c['imagenet_epoch_seconds']:,.0f}", f"{c['cost_vs_largest']:.2f}",
-                            f"{c['pixels_vs_largest']:.2f}"] for c in costs])
-    return lines
-
-
-def _pct(value) -> str | None:
-    return None if value is None else f"{value:.2%}"
-
-
-def _num(value) -> str | None:
-    return None if value is None else f"{value:.1f}"
+                         settings.get("tta"), common.percent(last.get("final_accuracy")),
+                         common.decimal(case["eval_seconds"].get(arm)),
+                         common.decimal(last.get("wall_seconds"))])
+        summary.append(f"{name}: **{common.times(case.get('speedup') or None) or 'n/a'}** sooner "
+                       f"to the fixed arm's accuracy (goal >= {GOALS[name]:g}x), final accuracy "
+                       f"{points(case.get('accuracy_difference'))}")
+    photos, costs = data.get("photos", {}), data.get("resnet50", [])
+    blur = photos.get("levers_blurpool_speedup")
+    return common.markdown(
+        *(["**Smoke run (--quick) on tiny data: not a measurement.**"] if data.get("quick")
+          else []),
+        "Each case trains twice per round, arms alternating: the levers as the plan sets them "
+        f"(progressive resizing: {'yes' if data.get('progressive') else 'not in this build'}, "
+        "test-time resolution, flip TTA) and the same command with them off. Target: the fixed "
+        "arm's last-epoch accuracy; seconds from the start of training to the first evaluation "
+        "at it (evaluations included).",
+        common.md_table(["case", "arm", "epochs", "model", "train / eval px", "TTA",
+                         "final accuracy", "eval s", "run s"], rows), "; ".join(summary) + ".",
+        *([f"With --blurpool on top (photos): {'n/a' if blur is None else f'{blur:.2f}x'} sooner, "
+           f"final accuracy {points(photos.get('levers_blurpool_accuracy_difference'))} (no goal: "
+           "what --blurpool's default waits for)."] if "levers_blurpool" in photos else []),
+        *([f"resnet50 training step per size ({costs[0]['device']}, {costs[0]['precision']}, "
+           f"batch {costs[0]['batch_size']}):",
+           common.md_table(["px", "images/s", "ImageNet epoch s", "cost vs 224", "pixels vs 224"],
+                           [[c["image_size"], f"{c['images_per_second']:,.1f}",
+                             f"{c['imagenet_epoch_seconds']:,.0f}", f"{c['cost_vs_largest']:.2f}",
+                             f"{c['pixels_vs_largest']:.2f}"] for c in costs])] if costs else []))
 
 
 def goals(report: dict) -> list[dict]:
@@ -383,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     report["goals"] = goals(report)
     out = args.json or (QUICK_RESULTS if args.quick else RESULTS)
     common.write_results(out, report)
-    print("\n".join(render(report)))
+    print(markdown(report))
     print(f"wrote {out}")
     return 0
 

@@ -248,22 +248,22 @@ def _read(path: Path) -> str | None:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/order.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/order.json as BENCHMARKS.md shows it."""
     rows = []
     for name, what in result["contenders"].items():
         best = result["best"].get(name) or {}
         rows.append([f"`{name}`", common.rate(best.get("images_per_second")),
                      common.rate(best.get("stored_mib_per_second")), best.get("cache_drops"),
                      what if best else common.run_error(result["runs"].get(name, []))])
-    return "\n".join([
+    return common.markdown(
         f"A split of {result['split_mib']} MiB of raw images ({result['sample_bytes']:,} bytes "
         f"each) read with a page-cache limit of {result['limit_mib']} MiB (the loader drops the "
         f"file from the cache past it; read_ahead_kb {result['read_ahead_kb']}), each contender "
         "in a fresh process, best of the interleaved rounds. The absolute numbers are this "
-        "machine's virtual disk; the ratio is the point.", "",
-        *common.md_table(["contender", "images/s", "MiB/s stored", "cache drops", "what"], rows),
+        "machine's virtual disk; the ratio is the point.",
+        common.md_table(["contender", "images/s", "MiB/s stored", "cache drops", "what"], rows),
         "Quasi-random / random: " + "; ".join(f"{r['what']} **{common.times(r['ratio'])}**"
-                                              for r in result["ratios"]) + "."])
+                                              for r in result["ratios"]) + ".")
 
 
 if __name__ == "__main__":

@@ -199,26 +199,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/pillow.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/pillow.json as BENCHMARKS.md shows it."""
     if result.get("skipped"):
         return f"Not measured: {result['skipped']}."
     ratios = result["ratios"]
-    return "\n".join([
+    return common.markdown(
         f"{result['images']} photo-like JPEGs {result['size']}: Image.open + convert(\"RGB\"), "
         f"then resize to {result['output']} (BILINEAR), one thread, best of {result['rounds']} "
         "interleaved rounds; plain pillow from a `pip install --target` folder. PNG: "
         "prepare-dataset's one PIL path (`encode_sample` on the same images as PNGs). No numeric "
         "goal: turbotrain's own pipelines do not use PIL; this is what pillow-simd gives "
-        "PIL-based loading.", "",
-        *common.md_table(["PIL", "PIL.__version__", "JPEG decode + resize /s", "decode ms",
-                          "resize ms", "prepare PNG /s"],
-                         [[f"`{name}`", r["version"], common.rate(r["jpeg_images_per_second"]),
-                           common.decimal(r["decode_ms"], 2), common.decimal(r["resize_ms"], 2),
-                           common.rate(r["png_prepare_images_per_second"])]
-                          for name, r in result["results"].items()]),
+        "PIL-based loading.",
+        common.md_table(["PIL", "PIL.__version__", "JPEG decode + resize /s", "decode ms",
+                         "resize ms", "prepare PNG /s"],
+                        [[f"`{name}`", r["version"], common.rate(r["jpeg_images_per_second"]),
+                          common.decimal(r["decode_ms"], 2), common.decimal(r["resize_ms"], 2),
+                          common.rate(r["png_prepare_images_per_second"])]
+                         for name, r in result["results"].items()]),
         f"pillow-simd / pillow: decode + resize **{common.times(ratios['jpeg_decode_resize'])}** "
         f"(decode {common.times(ratios['decode'])}, resize {common.times(ratios['resize'])}); "
-        f"prepare-dataset on PNG sources {common.times(ratios['png_prepare'])}."])
+        f"prepare-dataset on PNG sources {common.times(ratios['png_prepare'])}.")
 
 
 if __name__ == "__main__":

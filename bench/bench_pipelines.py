@@ -418,7 +418,7 @@ def plot(report: dict, path: Path) -> Path | None:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/pipelines.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/pipelines.json as BENCHMARKS.md shows it."""
     photos, cifar = result["photos"], result["cifar"]
     rows = [[f"`{name}`", common.rate(r["images_per_second"]),
              common.rate(r["images_per_cpu_second"]),
@@ -427,19 +427,18 @@ def markdown(result: dict) -> str:
     ratios = [[g["what"], f">= {g['goal']:g}x" if "goal" in g else "none (comparison)",
                common.times(g["ratio_images_per_second"]),
                common.times(g["ratio_images_per_cpu_second"]),
-               {True: "met", False: "**not met**", None: "not measured"}[g["met"]]
-               if "goal" in g else ""]
+               common.verdict(g["met"]) if "goal" in g else ""]
               for g in result["goals"] + result["comparisons"]]
-    return "\n".join([
+    return common.markdown(
         f"Photos: {photos['images']} JPEGs {photos['size']}, RandomResizedCrop "
         f"{photos['image_size']} + flip, batch {photos['batch_size']}. CIFAR-sized: "
         f"{cifar['images']} images {cifar['size']}, pad-crop + flip, batch {cifar['batch_size']}. "
-        f"{result['workers']} workers each; best of {result['rounds']} interleaved rounds.", "",
-        *common.md_table(["pipeline", "images/s", "images per CPU-second", "what"], rows),
-        *common.md_table(["ours / theirs", "goal", "ratio (images/s)", "ratio (per CPU-second)",
-                          ""], ratios),
+        f"{result['workers']} workers each; best of {result['rounds']} interleaved rounds.",
+        common.md_table(["pipeline", "images/s", "images per CPU-second", "what"], rows),
+        common.md_table(["ours / theirs", "goal", "ratio (images/s)", "ratio (per CPU-second)",
+                         ""], ratios),
         *([f"![images/s per pipeline](bench/results/{result['plot']})"]
-          if result.get("plot") else [])])
+          if result.get("plot") else []))
 
 
 # -- the parent: data, rounds, table --------------------------------------------------------------

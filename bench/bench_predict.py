@@ -229,25 +229,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/predict.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/predict.json as BENCHMARKS.md shows it."""
     results, command = result["results"], result["results"]["command"]
     rows = [[f"input, {size} px", common.rate(r["predict"]), common.rate(r["eval_pipeline"]),
              common.times(r["ratio"])] for size, r in results["input"].items()]
     rows.append([f"command, {COMMAND_SIZE} px", common.rate(command["predict"]),
                  common.rate(command["eval"]), common.times(command["ratio"])])
-    return "\n".join([
+    return common.markdown(
         f"`turbotrain predict` on a folder of {result['images']} JPEGs {result['size']} against "
         f"the eval pipeline (`pytorch`, train=False) on the dataset `prepare-dataset` made of "
         f"the same files: batch {result['batch_size']}, {result['workers']} input threads, best "
         f"of {result['rounds']} interleaved rounds. *Input*: predict's batch source (read, store "
         "as prepare would, decode and crop with the pipeline's decoder) against the pipeline "
         "alone; *command*: the whole `predict` and `eval` commands with the same model "
-        "(airbench, random weights), each one's own images/s.", "",
-        *common.md_table(["what", "predict (images/s)", "eval (images/s)", "ratio"], rows),
-        *common.md_table(["weights", "load (s)", "file", "whole predict of one image (s)"],
-                         [[f"`{model}`", f"{r['load_seconds']:.2f}", f"{r['bytes'] / 1e6:.0f} MB",
-                           f"{r['process_seconds']:.1f}"]
-                          for model, r in result["load"].items()])])
+        "(airbench, random weights), each one's own images/s.",
+        common.md_table(["what", "predict (images/s)", "eval (images/s)", "ratio"], rows),
+        common.md_table(["weights", "load (s)", "file", "whole predict of one image (s)"],
+                        [[f"`{model}`", f"{r['load_seconds']:.2f}", f"{r['bytes'] / 1e6:.0f} MB",
+                          f"{r['process_seconds']:.1f}"]
+                         for model, r in result["load"].items()]))
 
 
 if __name__ == "__main__":

@@ -92,15 +92,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/prepare.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
-    return "\n".join([
+    """bench/results/prepare.json as BENCHMARKS.md shows it."""
+    return common.markdown(
         "Photo-like 500x375 q90 JPEGs to a .beton, 2 workers each, each a fresh process "
-        "(start-up counts), best of the repeats.", "",
-        *common.md_table(["images", "prepare-dataset (images/s)", "FFCV DatasetWriter (images/s)",
-                          "ratio", "goal"],
-                         [[result["images"], common.rate(result["turbotrain_images_per_second"]),
-                           common.rate(result["plain_ffcv_images_per_second"]),
-                           common.times(result["speedup"]), f">= {GOAL:g}x"]])])
+        "(start-up counts), best of the repeats.",
+        common.md_table(["images", "prepare-dataset (images/s)", "FFCV DatasetWriter (images/s)",
+                         "ratio", "goal"],
+                        [[result["images"], common.rate(result["turbotrain_images_per_second"]),
+                          common.rate(result["plain_ffcv_images_per_second"]),
+                          common.times(result["speedup"]), f">= {GOAL:g}x"]]))
 
 
 if __name__ == "__main__":

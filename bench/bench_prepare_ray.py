@@ -138,25 +138,25 @@ def _same_bytes(a: Path, b: Path) -> bool:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/prepare_ray.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/prepare_ray.json as BENCHMARKS.md shows it."""
     start = result.get("cluster_start_seconds")
-    return "\n".join([
+    return common.markdown(
         f"The same photo-like 500x375 q90 JPEGs, --shard-size {result['shard_size']}, on "
         f"{result['cpus']} cores: one process with 2 workers, or the parts as Ray tasks of one "
         "CPU on a running local cluster (each driver a fresh process: its start and connection, "
         "the job's workers starting and the merge count"
         + (f"; the cluster's own start, {start:.1f} s, does not" if start else "") + "), best "
         "of the repeats. Ray's overhead (its seconds beyond local's) is mostly fixed, so the "
-        "goal is judged at the largest size.", "",
-        *common.md_table(["photos", "parts", "--engine local (images/s)",
-                          "--engine ray (images/s)", "ratio", "Ray's overhead (s)",
-                          "driver (parts/s)", "byte-identical"],
-                         [[f"{s['images']:,}", s["parts"],
-                           common.rate(s["local_images_per_second"]),
-                           common.rate(s["ray_images_per_second"]), common.times(s["ratio"]),
-                           common.decimal(s.get("overhead_seconds")),
-                           s.get("driver_parts_per_second"), s.get("byte_identical")]
-                          for s in result["sizes"]])])
+        "goal is judged at the largest size.",
+        common.md_table(["photos", "parts", "--engine local (images/s)",
+                         "--engine ray (images/s)", "ratio", "Ray's overhead (s)",
+                         "driver (parts/s)", "byte-identical"],
+                        [[f"{s['images']:,}", s["parts"],
+                          common.rate(s["local_images_per_second"]),
+                          common.rate(s["ray_images_per_second"]), common.times(s["ratio"]),
+                          common.decimal(s.get("overhead_seconds")),
+                          s.get("driver_parts_per_second"), s.get("byte_identical")]
+                         for s in result["sizes"]]))
 
 
 if __name__ == "__main__":

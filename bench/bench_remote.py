@@ -296,16 +296,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/remote.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/remote.json as BENCHMARKS.md shows it."""
     split, read, ratios = result["split"], result["read"], result["ratios"]
     rate, times = common.rate, common.times
-    return "\n".join([
+    return common.markdown(
         f"Through `open_dataset`, against a local S3-compatible server (moto's, in the "
         f"benchmark's process): every sample of a {split['shards']}-shard split of "
         f"{split['samples']:,} raw {split['side']} px images, read shard after shard (shuffled "
         "within each, no decode), each read in a fresh process, best of "
-        f"{result['rounds']} interleaved rounds.", "",
-        *common.md_table(["read from", "samples/s", "MB/s of shards", "vs local"], [
+        f"{result['rounds']} interleaved rounds.",
+        common.md_table(["read from", "samples/s", "MB/s of shards", "vs local"], [
             ["local folder", rate(read["local_images_per_second"]), None, None],
             ["s3://, warm cache", rate(read["warm_images_per_second"]), None,
              times(ratios.get("warm_vs_local"))],
@@ -314,17 +314,17 @@ def markdown(result: dict) -> str:
             ["the store alone (obstore downloads)", None, rate(read["store_mb_per_second"]),
              None]]),
         f"Empty cache / the store's own bandwidth: **{times(ratios.get('cold_vs_store'))}** of "
-        "its MB/s (no goal: what a first epoch from object storage costs here).", "",
+        "its MB/s (no goal: what a first epoch from object storage costs here).",
         f"Object-store clients, each in a fresh process: {result['shards']} whole shards of "
         f"{result['shard_mib']} MiB, and a shard's metadata (two range reads: header + field "
-        f"descriptors, then a 10,000-row table), best of {result['rounds']} rounds.", "",
-        *common.md_table(["client", "version", "whole shards (MB/s)", "metadata (ms)"],
-                         [[f"`{name}`", r.get("version"), rate(r.get("whole_mb_per_second")),
-                           common.decimal(r.get("metadata_ms"), 2)]
-                          for name, r in result["results"].items()]),
+        f"descriptors, then a 10,000-row table), best of {result['rounds']} rounds.",
+        common.md_table(["client", "version", "whole shards (MB/s)", "metadata (ms)"],
+                        [[f"`{name}`", r.get("version"), rate(r.get("whole_mb_per_second")),
+                          common.decimal(r.get("metadata_ms"), 2)]
+                         for name, r in result["results"].items()]),
         f"obstore / s3fs: whole shards {times(ratios.get('whole'))}, metadata "
         f"{times(ratios.get('metadata'))} faster (no goal: why turbotrain reads through "
-        "obstore)."])
+        "obstore).")
 
 
 if __name__ == "__main__":

@@ -102,15 +102,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/sources.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
+    """bench/results/sources.json as BENCHMARKS.md shows it."""
     rates, ratios = result["images_per_second"], result["ratios"]
-    return "\n".join([
+    return common.markdown(
         f"The same {result['images']} photo-like 500x375 q90 JPEGs as an ImageFolder, WebDataset "
         ".tar shards and Parquet (100-row groups), 2 workers, each a fresh process, best of the "
-        "repeats.", "",
-        *common.md_table(["source", "prepare-dataset (images/s)", "vs ImageFolder"],
-                         [[kind, common.rate(rates.get(kind)), common.times(ratios.get(kind, 1.0))]
-                          for kind in ("imagefolder", "webdataset", "parquet")])])
+        "repeats.",
+        common.md_table(["source", "prepare-dataset (images/s)", "vs ImageFolder"],
+                        [[kind, common.rate(rates.get(kind)), common.times(ratios.get(kind, 1.0))]
+                         for kind in ("imagefolder", "webdataset", "parquet")]))
 
 
 if __name__ == "__main__":

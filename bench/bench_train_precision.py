@@ -117,21 +117,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/train_precision.json as BENCHMARKS.md shows it (bench/report.py joins
-    them)."""
-    return "\n".join([
+    """bench/results/train_precision.json as BENCHMARKS.md shows it."""
+    return common.markdown(
         f"The trainer's step (uint8 stem, label-smoothed loss, Nesterov SGD) on data already in "
         f"memory: {result['threads']} torch threads, batch {result['batch_size']}, "
         f"{result['steps']} timed steps, best of {result['rounds']} rounds; CPU with native "
         f"bf16: {result['cpu_native_bf16']}. No numeric goal: these numbers are why `train` "
-        "picks bf16 + channels_last on such CPUs.", "",
-        *common.md_table(["model", "px", "precision", "memory format", "images/s",
-                          "vs fp32 contiguous"],
-                         [[r["model"], r["image_size"], r["precision"],
-                           "channels_last" if r["channels_last"] else "contiguous",
-                           common.decimal(r["images_per_second"]),
-                           common.times(r["speedup_vs_fp32_contiguous"])]
-                          for r in result["results"]])])
+        "picks bf16 + channels_last on such CPUs.",
+        common.md_table(["model", "px", "precision", "memory format", "images/s",
+                         "vs fp32 contiguous"],
+                        [[r["model"], r["image_size"], r["precision"],
+                          "channels_last" if r["channels_last"] else "contiguous",
+                          common.decimal(r["images_per_second"]),
+                          common.times(r["speedup_vs_fp32_contiguous"])]
+                         for r in result["results"]]))
 
 
 if __name__ == "__main__":

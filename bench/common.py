@@ -234,6 +234,17 @@ def md_table(headers: list[str], rows: list[list]) -> list[str]:
             *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows), ""]
 
 
+def markdown(*parts: str | list[str]) -> str:
+    """A section's text from paragraphs (str: a blank line follows each) and md_table's lines."""
+    return "\n".join(line for part in parts
+                     for line in ([part, ""] if isinstance(part, str) else part))
+
+
+def verdict(met: bool | None) -> str:
+    """A goal's last cell."""
+    return {True: "met", False: "**not met**", None: "not measured"}[met]
+
+
 def rate(value: float | None) -> str | None:
     return None if value is None else f"{value:,.0f}"
 

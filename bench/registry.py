@@ -1,20 +1,17 @@
 """The one list of benchmarks, and the one name of each contender they measure.
 
-`BENCHMARKS` is what `run_all.py` runs, in this order, and what `report.py` renders into
-BENCHMARKS.md, one section each, in the same order. A benchmark's name is the stem of its
-`bench/results/NAME.json`, its `run_all.py --only NAME`, and its `## NAME` in bench/NOTES.md.
-Adding one: a script that writes bench/results/NAME.json through `common.write_results` and
-has a `markdown(result) -> str` function (its section's table), and a row here.
-
-Not benchmarks of their own: gpu_all.py, gpu_sources.py and gpu_train.py are parts of
-gpu_check.py; bf16_probe.py is `make bf16-probe`, a diagnosis with no section; common.py is
-what the scripts share.
+`BENCHMARKS`: what `run_all.py` runs and `report.py` renders into BENCHMARKS.md, one section
+each, in this order. A benchmark NAME is a script that writes bench/results/NAME.json through
+`common.write_results` and has `markdown(result) -> str` (its section's table); NAME is also its
+`run_all.py --only NAME` and its `## NAME` in bench/NOTES.md. Not benchmarks of their own:
+gpu_all.py, gpu_sources.py and gpu_train.py (parts of gpu_check.py), bf16_probe.py (`make
+bf16-probe`, a diagnosis), common.py (what the scripts share).
 
 `CONTENDERS` names every input pipeline (and whole training script) the tables set side by
-side, once, with whose code it is: a name of ours (`pytorch`, `resident`, `dali`, `ffcv`, as
-`--pipeline` takes them) is that turbotrain pipeline; `plain_LIBRARY` is another library used
-directly, as its own documentation shows (`plain_ffcv` is FFCV's Loader with its own decoder;
-`ffcv` is our pipeline that runs FFCV's Loader inside).
+side, once, with whose code it is: a name of ours is that turbotrain pipeline as `--pipeline`
+takes it, or a variant; `plain_LIBRARY` is another library used directly, as its own
+documentation shows (`plain_ffcv` is FFCV's Loader with its own decoder; `ffcv` is our pipeline
+that runs FFCV's Loader inside).
 """
 from __future__ import annotations
 

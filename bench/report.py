@@ -1,12 +1,9 @@
 """BENCHMARKS.md from bench/results/*.json and the hand-kept bench/NOTES.md (rendered, never
-measured): `bench/run_all.py` calls `render` after running the suite, and alone with
-`--render-only`. Each benchmark owns its table: `markdown(result)` beside the code that
-measures it (its script of bench/registry.py); this file only orders and joins them. First the Machines table (every
-machine that measured a section, once, as a letter), the Goals table (every goal each result
-file recorded with bench/common.py ratio_goal) and the Contenders table; then one section per
-benchmark, in the registry's order: its command, when, on which machine and commit, its table,
-its note from bench/NOTES.md. A benchmark without a result file says "not measured": a figure
-is shown only from the file its own script wrote.
+measured; `bench/run_all.py`, alone with `--render-only`). Each benchmark owns its table:
+`markdown(result)` in its script (bench/registry.py); this file only orders and joins them, after
+the Machines table (each machine once, as a letter), the Goals table (every goal each result
+recorded) and the Contenders table. A benchmark without a result file says "not measured": a
+figure is shown only from the file its own script wrote.
 """
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ REPO = ROOT.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common import md_table, times  # noqa: E402
+from common import md_table, times, verdict  # noqa: E402
 from registry import BENCHMARKS, BY_NAME, CONTENDERS, Benchmark  # noqa: E402
 
 RESULTS_DIR = ROOT / "results"
@@ -44,11 +41,9 @@ def load(path: Path) -> dict | None:
 
 
 def read_notes(path: Path = NOTES) -> dict[str, tuple[str | None, str]]:
-    """bench/NOTES.md as {benchmark: (the results time its heading names or None, text)}. Text
-    before the first `## NAME` is the file's preamble; a heading naming no benchmark is an
-    error listing the names."""
+    """bench/NOTES.md as {benchmark: (the results time its heading names or None, text)}; text
+    before the first `## NAME` is not rendered; a heading naming no benchmark is an error."""
     notes: dict[str, tuple[str | None, list[str]]] = {}
-    lines: list[str] | None = None
     for line in (path.read_text() if path.is_file() else "").splitlines():
         if line.startswith("## "):
             heading = NOTE_HEADING.match(line)
@@ -56,99 +51,86 @@ def read_notes(path: Path = NOTES) -> dict[str, tuple[str | None, str]]:
                 raise ValueError(f"{path}: {line!r} names no benchmark; write '## NAME' or "
                                  "'## NAME (about the results of YYYY-MM-DD HH:MM)', NAME one "
                                  f"of: {', '.join(BY_NAME)}")
-            lines = []
-            notes[heading["name"]] = (heading["about"], lines)
-        elif lines is not None:
-            lines.append(line)
+            notes[heading["name"]] = (heading["about"], [])
+        elif notes:
+            notes[next(reversed(notes))][1].append(line)
     return {name: (about, "\n".join(text).strip()) for name, (about, text) in notes.items()}
 
 
 def note_lines(note: tuple[str | None, str] | None, measured: str | None) -> list[str]:
-    if not note or not note[1]:
-        return []
-    about = note[0]
+    about, text = note or (None, "")
     lead = ("*Notes (bench/NOTES.md):*" if about is None else
             "*Notes on these results (bench/NOTES.md):*" if about == measured else
             f"*Notes on the results of {about}, "
             f"{'not the ones above' if measured else 'no longer shown'} (bench/NOTES.md):*")
-    return [lead, "", note[1], ""]
+    return [lead, "", text, ""] if text else []
 
 
-def status_line(status: dict | None, data: dict | None) -> str | None:
+def status_lines(status: dict | None, data: dict | None) -> list[str]:
     """What a section says about a script the last run_all could not run to its end."""
     kind = (status or {}).get("status")
     if kind in (None, "ok"):
-        return None
+        return []
     if kind in ("absent", "skipped"):
-        return f"Not run by the last `make bench`: {status.get('error') or 'no such script'}."
+        return [f"Not run by the last `make bench`: {status.get('error') or 'no such script'}.", ""]
     wrote = data is not None and data.get("measured", "") >= status.get("started", "~")
-    return (f"The last run **failed** ({status.get('error', 'no detail')})"
-            + ("; it still wrote the results below." if wrote else "."))
+    return [f"The last run **failed** ({status.get('error', 'no detail')})"
+            + ("; it still wrote the results below." if wrote else "."), ""]
 
 
 def goal_row(name: str, g: dict) -> list:
-    """A recorded goal as the Goals table shows it: a ratio (common.ratio_goal), a time limit
-    ("seconds" under "goal_seconds"), a worded goal (common.worded_goal) or gpu_check's."""
-    met = {True: "met", False: "**not met**", None: "not measured"}[g.get("met")]
+    """A recorded goal: a ratio (common.ratio_goal), a time limit ("goal_seconds"), a worded
+    goal (common.worded_goal) or gpu_check's."""
     if "goal_seconds" in g:
-        return [name, g["what"], f"< {g['goal_seconds']:g} s", f"{g['seconds']:.2f} s", met]
+        return [name, g["what"], f"< {g['goal_seconds']:g} s", f"{g['seconds']:.2f} s",
+                verdict(g["met"])]
     if "ratio" in g:
-        return [name, g["what"], f">= {g['goal']:g}x", times(g["ratio"]), met]
+        return [name, g["what"], f">= {g['goal']:g}x", times(g["ratio"]), verdict(g["met"])]
     if "goal_text" in g:
-        return [name, g["what"], g["goal_text"], g["measured"], met]
+        return [name, g["what"], g["goal_text"], g["measured"], verdict(g["met"])]
     return [name, g["goal"], "-", g.get("measured"), g.get("verdict")]
 
 
-class Machines:
-    """Every machine that measured a section, once, as a letter in order of first use."""
-
-    def __init__(self) -> None:
-        self.rows: dict[tuple, list] = {}
-
-    def cite(self, machine: dict, section: str) -> str:
-        key = tuple("not recorded" if k not in machine else
-                    "none" if machine[k] in (None, []) else
-                    ", ".join(machine[k]) if isinstance(machine[k], list) else str(machine[k])
-                    for k, _ in MACHINE_COLUMNS)
-        row = self.rows.setdefault(key, [chr(ord("A") + len(self.rows)), *key, []])
-        row[-1].append(section)
-        return row[0]
-
-    def table(self) -> list[str]:
-        return md_table(["machine", *(title for _, title in MACHINE_COLUMNS), "sections"],
-                        [[*row[:-1], ", ".join(row[-1])] for row in self.rows.values()])
+def machine_key(machine: dict) -> tuple:
+    return tuple("not recorded" if k not in machine else "none" if machine[k] in (None, []) else
+                 ", ".join(machine[k]) if isinstance(machine[k], list) else str(machine[k])
+                 for k, _ in MACHINE_COLUMNS)
 
 
-def section(bench: Benchmark, data: dict | None, status: dict | None, notes: dict,
-            machines: Machines) -> list[str]:
-    command = (data or {}).get("command") or bench.command
-    lines = [f"## {bench.title}", "", "```", command, "```", ""]
-    said = status_line(status, data)
-    lines += [said, ""] if said else []
+def section(bench: Benchmark, data: dict | None, status: dict | None, note, letter) -> list[str]:
+    """A benchmark's section; `letter(machine)` names the machine that measured it."""
+    lines = [f"## {bench.title}", "", "```", (data or {}).get("command") or bench.command, "```",
+             "", *status_lines(status, data)]
     if data is None:
         why = "it needs a CUDA GPU; " if bench.needs_cuda else ""
         return lines + [f"**Not measured** ({why}no {bench.results_file} written by "
-                        f"bench/{bench.script}).", ""] + note_lines(notes.get(bench.name), None)
+                        f"bench/{bench.script}).", "", *note_lines(note, None)]
     machine = data.get("machine") or {}
     measured = data.get("measured", "")[:16].replace("T", " ")
-    lines += [f"Measured {measured} on machine {machines.cite(machine, bench.name)}, commit "
-              f"{machine.get('commit', 'not recorded')}; load average (1, 5, 15 min) "
-              f"{machine.get('load_before', 'not recorded')} at the start, "
-              f"{machine.get('load_after', machine.get('load_average', 'not recorded'))} at "
-              "the end.", ""]
     table = importlib.import_module(Path(bench.script).stem).markdown(data)
-    return lines + [table.rstrip(), ""] + note_lines(notes.get(bench.name), measured)
+    return lines + [f"Measured {measured} on machine {letter(machine)}, commit "
+                    f"{machine.get('commit', 'not recorded')}; load average (1, 5, 15 min) "
+                    f"{machine.get('load_before', 'not recorded')} at the start, "
+                    f"{machine.get('load_after', machine.get('load_average', 'not recorded'))} "
+                    "at the end.", "", table.rstrip(), "", *note_lines(note, measured)]
 
 
 def render(results: Path = RESULTS_DIR, output: Path = OUTPUT, notes: Path = NOTES) -> Path:
     """Writes `output` from the JSON in `results` and the notes file; returns it."""
     results, output = Path(results), Path(output)
     statuses = (load(results / RUN_ALL_NAME) or {}).get("benchmarks", {})
-    hand_kept, machines = read_notes(notes), Machines()
+    hand_kept = read_notes(notes)
+    machines: dict[tuple, list] = {}  # key: [letter, *key, the sections it measured]
     sections, goals = [], []
     for bench in BENCHMARKS:
+        def letter(machine: dict) -> str:
+            key = machine_key(machine)
+            row = machines.setdefault(key, [chr(ord("A") + len(machines)), *key, []])
+            row[-1].append(bench.name)
+            return row[0]
         data = load(results / f"{bench.name}.json")
-        sections += section(bench, data, statuses.get(bench.name), hand_kept, machines)
+        sections += section(bench, data, statuses.get(bench.name), hand_kept.get(bench.name),
+                            letter)
         goals += ([goal_row(bench.name, g) for g in data.get("goals", [])] if data else
                   [[bench.name, "-", "-", "-", "not measured"]])
     doc = ["# Benchmarks", "",
@@ -156,8 +138,10 @@ def render(results: Path = RESULTS_DIR, output: Path = OUTPUT, notes: Path = NOT
            "each written by its benchmark's script with the machine it ran on, and the "
            "hand-written `bench/NOTES.md`; `python bench/run_all.py --render-only` rebuilds "
            "this file from them. A section without its script's result file says *not "
-           "measured*.", "", "## Machines", "", *machines.table(), "## Goals", "",
-           *md_table(["benchmark", "comparison", "goal", "measured", ""], goals),
+           "measured*.", "", "## Machines", "",
+           *md_table(["machine", *(title for _, title in MACHINE_COLUMNS), "sections"],
+                     [[*row[:-1], ", ".join(row[-1])] for row in machines.values()]),
+           "## Goals", "", *md_table(["benchmark", "comparison", "goal", "measured", ""], goals),
            "## Contenders", "",
            "One name each, in every table: a name of ours is the turbotrain pipeline of that "
            "name (as `--pipeline` takes it) or a variant of it; `plain_LIBRARY` is that "
@@ -168,4 +152,3 @@ def render(results: Path = RESULTS_DIR, output: Path = OUTPUT, notes: Path = NOT
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(doc).rstrip() + "\n")
     return output
-

@@ -1,9 +1,12 @@
 """Suite-wide: tests marked `cuda` need a GPU. Without one they are skipped with the reason (CI
 has none); `bench/gpu_check.py --all` (`make gpu-check`) runs them with `pytest -m cuda`.
-Modules holding a test marked `slow` run first: under `make test`'s 2 workers a 5-minute test
-collected last (Fashion-MNIST's 2 epochs) ran alone at the end and made the suite 5 minutes
-longer. A module's tests stay together, so that its module-scoped fixture is set up once (sorting
-slow tests alone first split test_ddp and ran its 46 s two-rank fixture twice)."""
+Modules holding a test marked `slow` run first, then the modules marked `xdist_group`: under
+`make test`'s 2 workers (`--dist loadgroup`) a 5-minute test collected last (Fashion-MNIST's 2
+epochs) ran alone at the end and made the suite 5 minutes longer, and a grouped module is one unit
+of work, its whole file on one worker (test_resume's training runs: minutes in fp32), which
+collected among the last of tests/train/ kept one worker busy while the other had nothing left.
+A module's tests stay together, so that its module-scoped fixture is set up once (sorting slow
+tests alone first split test_ddp and ran its 46 s two-rank fixture twice)."""
 from __future__ import annotations
 
 import os
@@ -41,9 +44,7 @@ def pytest_report_header(config):
 
 def pytest_collection_modifyitems(config, items):
     select(config, items)  # --fast: only the tests that neither train nor start processes
-    slow_files = {item.nodeid.split("::")[0] for item in items
-                  if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)  # stable
+    items.sort(key=schedule_rank(items))  # stable: a module's tests stay in their order
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return
@@ -53,6 +54,17 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason=NO_GPU)
     for item in marked:
         item.add_marker(skip)
+
+
+def schedule_rank(items):
+    """0 for a module holding a `slow` test, 1 for a module run as one `xdist_group` unit, 2 for
+    the rest: the long units start first, so the short ones even out the workers at the end."""
+    def files(marker: str) -> set[str]:
+        return {item.nodeid.split("::")[0] for item in items
+                if item.get_closest_marker(marker) is not None}
+    slow, grouped = files("slow"), files("xdist_group")
+    return lambda item: (0 if (path := item.nodeid.split("::")[0]) in slow else
+                         1 if path in grouped else 2)
 
 
 _EXIT_STATUS: list[int] = []

@@ -44,5 +44,5 @@ def test_goals_and_the_table():
              for g in levers.goals(report)}
     assert goals == {"photos": True, "photos accuracy": False, "fashion": False,
                      "fashion accuracy": True}
-    text = "\n".join(levers.render(report))
+    text = levers.markdown(report)
     assert "photos: **1.60x**" in text and "-0.40 pt" in text and "| photos | levers |" in text

@@ -1,0 +1,25 @@
+"""tests/conftest.py's order for `make test`'s workers: the modules with a `slow` test, then the
+modules run as one `xdist_group` unit, then the rest, each module's tests together and in order."""
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import schedule_rank
+
+
+class Item:
+    def __init__(self, nodeid: str, *markers: str):
+        self.nodeid, self.markers = nodeid, set(markers)
+
+    def get_closest_marker(self, name: str):
+        return pytest.mark.slow if name in self.markers else None
+
+
+def test_long_units_start_first_and_a_module_stays_together():
+    items = [Item("tests/a.py::one"), Item("tests/b.py::grouped", "xdist_group"),
+             Item("tests/c.py::quick"), Item("tests/c.py::slow", "slow"),
+             Item("tests/b.py::also_grouped", "xdist_group"), Item("tests/d.py::last")]
+    items.sort(key=schedule_rank(items))
+    assert [item.nodeid for item in items] == [
+        "tests/c.py::quick", "tests/c.py::slow", "tests/b.py::grouped", "tests/b.py::also_grouped",
+        "tests/a.py::one", "tests/d.py::last"]
