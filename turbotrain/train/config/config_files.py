@@ -75,11 +75,22 @@ def load_yaml(path: str | os.PathLike) -> dict:
     return settings
 
 
-def save_yaml(config: TrainConfig, path: str | os.PathLike) -> None:
-    """Writes the run's settings as YAML readable by `--config`; auto values must be resolved.
-    Written beside and renamed over `path`: a symlink there is replaced, not written through."""
-    data = {name.replace("_", "-"): value for name, value in config.to_saved_dict().items()}
-    write_file(path, yaml.safe_dump(data, sort_keys=False))
+def save_yaml(config: TrainConfig, path: str | os.PathLike, *,
+              budget_sized: tuple[str, ...] = ()) -> None:
+    """Writes the run's settings as YAML readable by `--config`; auto values must be resolved,
+    except `budget_sized` (plan.Plan.budget_sized): the settings --time-budget sizes during the
+    run are left out, with a comment saying so, so that `--config RUN/config.yaml` (and
+    --resume) sizes them again from the budget: what reproduces the run is the budget, not the
+    placeholders planned before it timed a step. Written beside and renamed over `path`: a
+    symlink there is replaced, not written through."""
+    data = {name.replace("_", "-"): value for name, value in config.to_saved_dict().items()
+            if name not in budget_sized}
+    header = ""
+    if budget_sized:
+        names = " and ".join(name.replace("_", "-") for name in budget_sized)
+        header = (f"# {names}: left to --time-budget, which sizes them after timing the "
+                  "first steps\n# (the run's own: summary.json's steps and decisions)\n")
+    write_file(path, header + yaml.safe_dump(data, sort_keys=False))
 
 
 # What a run saved before a setting existed did instead: resuming it must not switch to what

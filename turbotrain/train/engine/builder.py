@@ -94,7 +94,8 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
                         decide=decide)
     config, run_dir, resume_state = _open_run_dir(config, env, cleanup, auto=auto,
                                                   model=model,
-                                                  classes=tuple(train_data.class_names))
+                                                  classes=tuple(train_data.class_names),
+                                                  budget_sized=planned.budget_sized)
     fresh = resume_state is None and not config.from_weights
     train_model, ema = _place_model(model, planned, env, train_pipeline if fresh else None,
                                     decide)
@@ -146,12 +147,12 @@ def _plan_and_open(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSt
 
 
 def _open_run_dir(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack, *,
-                  auto: bool, model: Classifier, classes: tuple[str, ...]
-                  ) -> tuple[TrainConfig, Path, dict | None]:
+                  auto: bool, model: Classifier, classes: tuple[str, ...],
+                  budget_sized: tuple[str, ...] = ()) -> tuple[TrainConfig, Path, dict | None]:
     """The run folder (a new one, or --resume's; locked until `cleanup` runs: run_folder.py),
     the checkpoint state to continue from (checked against this launch before config.yaml is
     rewritten: a refused resume leaves the run as it was), and RUNDIR/config.yaml (the
-    resolved settings)."""
+    resolved settings, less the `budget_sized` ones: config_files.save_yaml)."""
     run_dir = prepare_run_dir(config, env, cleanup, auto=auto,
                               default=Path(default_run_dir(config)))
     config = config.replace(out=str(run_dir))
@@ -160,7 +161,7 @@ def _open_run_dir(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSta
         _check_same_world_size(resume_state, env, run_dir)
         _check_same_data(resume_state, config, model, classes, run_dir)
     if env.is_main:
-        save_yaml(config, run_dir / "config.yaml")
+        save_yaml(config, run_dir / "config.yaml", budget_sized=budget_sized)
     return config, run_dir, resume_state
 
 

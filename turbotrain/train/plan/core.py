@@ -86,6 +86,9 @@ class Plan:
     batch_search: BatchSearch | None = None  # the batch still has to be measured
     steps_per_epoch: int | None = None
     total_steps: int | None = None
+    # Settings --time-budget sizes once the run's pace is timed (`budget_sized`): their values
+    # here are placeholders, which RUNDIR/config.yaml leaves out (config_files.save_yaml).
+    budget_sized: tuple[str, ...] = ()
 
     def __getitem__(self, name: str) -> Decision:
         return self.decisions[name]
@@ -150,7 +153,8 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     config = config.replace(pipeline=pipeline, channels_last=channels_last,
                             workers=threads.workers, threads=threads.torch_threads)
     return Plan(config, machine, _ordered(d), spec=spec, budget=budget, threads=threads,
-                batch_search=search, steps_per_epoch=steps, total_steps=total)
+                batch_search=search, steps_per_epoch=steps, total_steps=total,
+                budget_sized=budget_sized(config, warmup_planned="warmup_steps" in d))
 
 
 def plan_loader(config: TrainConfig, facts: DatasetFacts, machine: Machine,
@@ -392,6 +396,18 @@ def _threads(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine
     d["threads"] = Decision(f"{threads.workers} pipeline workers + {threads.torch_threads} "
                             f"torch threads on {threads.cores} cores", threads.reason)
     return budget, threads
+
+
+def budget_sized(config: TrainConfig, *, warmup_planned: bool) -> tuple[str, ...]:
+    """The settings a --time-budget run sizes after timing its first steps (run_length.py),
+    whose planned values are placeholders: the epochs when --epochs was not given (the
+    BUDGET_MAX_EPOCHS cap) and an automatic warm-up (5 % of that cap's steps). A rerun
+    from config.yaml must size them again: saved, the placeholder warm-up would read as one
+    asked for, and a 3-epoch run would rerun with a 2,000-step warm-up (issue 46)."""
+    if config.time_budget is None:
+        return ()
+    return ((("epochs",) if config.epochs >= BUDGET_MAX_EPOCHS else ())
+            + (("warmup_steps",) if warmup_planned else ()))
 
 
 def _schedule(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine,
