@@ -145,11 +145,15 @@ class TrainConfig:
     time_budget: float | None = _setting(None, "end the run within DURATION of its start "
                                          "(90s, 10m, 1h): its first steps are timed and the "
                                          "epochs and the LR schedule sized to fit; without "
-                                         "--epochs, as many epochs as fit", "optim",
+                                         "--epochs, as many epochs as fit (config.yaml leaves "
+                                         "out the epochs and warm-up it sizes, so a rerun "
+                                         "sizes them again); none: no budget", "optim",
                                          shown="none")
     target_accuracy: float | None = _setting(None, "stop at the first evaluation whose val "
                                              "accuracy reaches A (0.95 = 95%%); the LR schedule "
-                                             "is cut there", "optim", shown="none")
+                                             "is cut there; none: no target (drops a "
+                                             "saved run's on --resume)", "optim",
+                                             shown="none")
     max_steps: int | None = _setting(None, "stop after this many optimizer steps (the LR schedule "
                                      "spans them)", "optim", shown="no limit")
     clip_grad: float = _setting(0.0, "clip the global gradient norm to this before each "

@@ -113,10 +113,18 @@ def _layer(below: dict, above: dict) -> dict:
 
 def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
     """Defaults <- RUNDIR/config.yaml (with --resume) <- --config FILE <- the given flags."""
+    return config_and_sources(args)[0]
+
+
+def config_and_sources(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, str]]:
+    """`config_from_namespace`'s config, and where each setting a layer set came from, as the
+    run's decision lines say it in place of "asked for" (plan.decision.labelled): on --resume
+    every setting is in the saved config.yaml, so "asked for" once named the plan's old
+    choices as the user's. Only with a file or a saved run under the flags; {} otherwise."""
     given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
     from_file = load_yaml(given["config"]) if given.get("config") else {}
     requested = _layer(from_file, given)
-    saved = {}
+    saved, saved_path = {}, None
     resume = requested.get("resume")
     if resume:
         if not requested.get("out"):
@@ -136,4 +144,9 @@ def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
         settings["epochs"] = BUDGET_MAX_EPOCHS
     config = TrainConfig(**settings)
     config.validate()
-    return config
+    sources = {}
+    if saved or from_file:
+        sources.update({name: f"kept from the saved run ({saved_path})" for name in saved})
+        sources.update({name: f"from --config {given['config']}" for name in from_file})
+        sources.update({name: "asked for in this command" for name in given})
+    return config, sources

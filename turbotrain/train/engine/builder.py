@@ -40,6 +40,7 @@ from ..weights.finetune import optimizer_groups, start_model, weights_facts
 from . import batch_finder
 from .data import open_splits
 from .loader import Loader, open_planned, pipeline_options
+from .resume_changes import check_target_stop
 from .run_folder import prepare_run_dir
 
 
@@ -71,16 +72,18 @@ class Run:
         return self.config.batch_size * self.config.accum_steps * self.env.world_size
 
 
-def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) -> Run:
+def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack,
+              sources: dict[str, str] | None = None) -> Run:
     """Plans the run and carries the plan out (see `_plan_and_open`), then builds the model, the
     run folder and the training step. `cleanup` closes the pipelines when the run ends, or when
-    building it fails half-way."""
+    building it fails half-way. `sources`: where each setting came from
+    (config_files.config_and_sources), which the decision lines name."""
     config.validate()
     fix_cublas_workspace(config.deterministic)  # before the batch search's CUDA steps
     auto = config.resume == AUTO  # the plan replaces it with what auto decided
     planned, train_data, train_pipeline, val_pipeline = _plan_and_open(config, env, cleanup)
     config, device = planned.config, planned.device
-    decisions = dict(planned.lines)
+    decisions = planned.lines_labelled(sources or {})
 
     def decide(what: str, value, reason: str):  # what building the model finds out
         decisions[what] = f"{value}: {reason}"
@@ -160,6 +163,7 @@ def _open_run_dir(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSta
     if resume_state is not None:
         _check_same_world_size(resume_state, env, run_dir)
         _check_same_data(resume_state, config, model, classes, run_dir)
+        check_target_stop(resume_state, config, run_dir)
     if env.is_main:
         save_yaml(config, run_dir / "config.yaml", budget_sized=budget_sized)
     return config, run_dir, resume_state

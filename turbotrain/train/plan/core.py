@@ -39,6 +39,7 @@ from turbotrain.pipeline import augment
 
 from . import eval_rules, recipe, resolution, rules
 from .budget_size import budget_size
+from .decision import labelled
 from .device_choice import device_choices, pick_channels_last, pick_device
 from .facts import DatasetFacts, WeightsFacts
 from .machine import Machine
@@ -108,7 +109,12 @@ class Plan:
     @property
     def lines(self) -> dict[str, str]:
         """What a run prints at start and keeps in summary.json: name -> "value: reason"."""
-        return {name: d.line() for name, d in self.decisions.items() if d.shown}
+        return self.lines_labelled({})
+
+    def lines_labelled(self, sources: dict[str, str]) -> dict[str, str]:
+        """`lines`, each "asked for" naming where its setting came from (decision.labelled)."""
+        return {name: d.line() for name, d in labelled(self.decisions, sources).items()
+                if d.shown}
 
 
 def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
