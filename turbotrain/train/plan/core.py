@@ -437,6 +437,9 @@ def _schedule(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machin
         d["warmup"] = Decision(f"{warmup} steps", f"--warmup-epochs {config.warmup_epochs:g} x "
                                f"{steps} steps per epoch")
     elif warmup is None:
-        warmup = _decide(d, "warmup_steps",
-                         recipe.warmup_steps(total, from_weights=config.from_weights))
+        planned = recipe.warmup_steps(total, from_weights=config.from_weights)
+        if config.time_budget is not None:  # run_length.RunLength.apply fits it again
+            planned = Decision(planned.value, f"{planned.reason} for now: fitted to the run's "
+                               "length once --time-budget sizes it")
+        warmup = _decide(d, "warmup_steps", planned)
     return config.replace(warmup_steps=warmup, warmup_epochs=None), steps, total
