@@ -121,3 +121,23 @@ def test_a_budgeted_run_resumed_as_it_was_is_neither_refused_nor_told_of_a_chang
     with pytest.raises(Exception, match="also pass --target-accuracy none"):
         state["counters"]["budget_total_steps"] = -1
         check_target_stop(state, resumed.replace(time_budget=None, epochs=5), tmp_path)
+
+
+def test_fewer_epochs_shrink_the_schedule_or_say_nothing_is_left():
+    from turbotrain.train.engine.resume_changes import length_change
+    from turbotrain.train.step.schedule import LRSchedule
+
+    state = {"config": {"epochs": 10, "warmup_steps": 6, "schedule": "linear"}}
+    config = TrainConfig(data="d", epochs=4, schedule="linear")
+    schedule = LRSchedule(total=48, warmup=6, kind="linear")
+    kwargs = dict(schedule=schedule, total_steps=48, steps_per_epoch=12, budget_sized=False,
+                  peak=1.0)
+    before = LRSchedule(total=120, warmup=6, kind="linear").lr(23)
+    assert length_change(state, config, step=24, **kwargs) == (
+        "--epochs 4 (was 10): the linear LR schedule is shrunk over 4 epochs (48 steps), as if "
+        f"the run had been planned for them: the LR goes from {before:.4g}, where it stopped "
+        f"(step 24), down to {schedule.lr(24):.4g}, then to 0 at step 48")
+    assert length_change(state, config, step=60, **kwargs) == (
+        "--epochs 4 (was 10): the run has already trained 60 steps (epoch 5): nothing left to "
+        "train")
+    assert length_change(state, config.replace(epochs=10), step=24, **kwargs) is None
