@@ -141,3 +141,22 @@ def test_fewer_epochs_shrink_the_schedule_or_say_nothing_is_left():
         "--epochs 4 (was 10): the run has already trained 60 steps (epoch 5): nothing left to "
         "train")
     assert length_change(state, config.replace(epochs=10), step=24, **kwargs) is None
+
+
+def test_the_sources_of_settings_name_this_command_the_config_file_and_the_saved_run(tmp_path):
+    from turbotrain.train.config.config_files import config_and_sources, save_yaml
+
+    from ..config.test_config import parse
+
+    save_yaml(TrainConfig(data="d", out=str(tmp_path), lr=0.2, batch_size=16), tmp_path /
+              "config.yaml")
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("ema: true\n")
+    config, sources = config_and_sources(parse("--out", tmp_path, "--resume", "--config",
+                                                extra, "--lr", "0.1"))
+    assert (config.lr, config.batch_size, config.ema) == (0.1, 16, True)
+    assert sources["lr"] == "asked for in this command"
+    assert sources["batch_size"] == f"kept from the saved run ({tmp_path / 'config.yaml'})"
+    assert sources["ema"] == f"from --config {extra}"
+    # Flags alone: "asked for" needs no naming (the plan's lines stay as they were).
+    assert config_and_sources(parse("--data", "d", "--lr", "0.1"))[1] == {}

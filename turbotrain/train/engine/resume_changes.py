@@ -23,7 +23,7 @@ from pathlib import Path
 from ..config.config import TrainConfig
 from ..config.duration import BUDGET_MAX_EPOCHS
 from ..errors import TrainError
-from ..step.schedule import LRSchedule
+from ..step.schedule import SCHEDULES, LRSchedule
 
 
 def _epochs_given(config: TrainConfig) -> bool:
@@ -103,7 +103,7 @@ def length_change(state: dict, config: TrainConfig, *, schedule: LRSchedule, tot
         return f"{head}: the --max-steps {max_steps} cap holds, the LR schedule is unchanged"
     warmup, kind = _int(saved.get("warmup_steps")), saved.get("schedule")
     old = LRSchedule(total=old_total, warmup=schedule.warmup if warmup is None else warmup,
-                     kind=kind if kind in ("cosine", "linear", "onecycle") else schedule.kind)
+                     kind=kind if kind in SCHEDULES else schedule.kind)
     before, after = (old.lr(step - 1, peak) if step > 0 else 0.0), schedule.lr(step, peak)
     verb = "stretched" if total_steps > old_total else "shrunk"
     return (f"{head}: the {schedule.kind} LR schedule is {verb} over {now} epochs "
