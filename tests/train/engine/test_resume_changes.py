@@ -36,9 +36,9 @@ def test_more_epochs_stretch_the_schedule_said_in_one_line_with_each_setting_s_s
     before = lr_at(23, total=24, warmup=3, kind="cosine", peak=0.1)
     changed = [line for line in stdout.splitlines() if line.startswith("--epochs")]
     assert changed == [
-        "--epochs 3 (was 2): the cosine LR schedule is stretched over 3 epochs (36 steps), as "
-        f"if the run had been planned for them: the LR goes from {before:.4g}, where it "
-        f"stopped (step 24), up to {after:.4g}, then to 0 at step 36"], stdout
+        "--epochs 3 (was 2): the cosine LR schedule is stretched to end at epoch 3 (step 36): "
+        f"the LR goes from {before:.4g}, where it stopped (step 24), up to {after:.4g}, the "
+        "3-epoch schedule's LR there, then to 0"], stdout
     steps = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "step"]
     assert [r["step"] for r in steps][-12:] == list(range(25, 37))
     logged = {r["step"]: r["lr"] for r in steps}
@@ -134,9 +134,12 @@ def test_fewer_epochs_shrink_the_schedule_or_say_nothing_is_left():
                   peak=1.0)
     before = LRSchedule(total=120, warmup=6, kind="linear").lr(23)
     assert length_change(state, config, step=24, **kwargs) == (
-        "--epochs 4 (was 10): the linear LR schedule is shrunk over 4 epochs (48 steps), as if "
-        f"the run had been planned for them: the LR goes from {before:.4g}, where it stopped "
-        f"(step 24), down to {schedule.lr(24):.4g}, then to 0 at step 48")
+        "--epochs 4 (was 10): the linear LR schedule is shrunk to end at epoch 4 (step 48): "
+        f"the LR goes from {before:.4g}, where it stopped (step 24), down to "
+        f"{schedule.lr(24):.4g}, the 4-epoch schedule's LR there, then to 0")
+    ramped = config.replace(progressive=True, min_res=96, image_size=128, res_ramp=(4.0, 9.0))
+    assert length_change(state, ramped, step=24, **kwargs).endswith(
+        "then to 0; progressive resizing keeps its ramp (epochs 4-9)")
     assert length_change(state, config, step=60, **kwargs) == (
         "--epochs 4 (was 10): the run has already trained 60 steps (epoch 5): nothing left to "
         "train")

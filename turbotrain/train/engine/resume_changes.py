@@ -1,10 +1,11 @@
 """What a `--resume` with another `--epochs` does, said at its start (issue 46, item 4).
 
 The rule: the LR is a function of the step over the run's length (schedule.py), so a resumed
-run with a new `--epochs` follows the schedule planned for the new length from where it
-stopped, as if it had been planned so from the start: 3 -> 5 epochs of a finished cosine run
-brings the LR back up from 0 to the 5-epoch cosine's value at epoch 3 (a warm restart), then
-decays it to 0 at epoch 5; fewer epochs shrink it. The alternative, stretching only the rest of
+run with a new `--epochs` follows, from where it stopped, the schedule of that length (same
+peak, same warm-up): 3 -> 5 epochs of a finished cosine run brings the LR back up from 0 to
+the 5-epoch cosine's value at epoch 3 (a warm restart), then decays it to 0 at epoch 5; fewer
+epochs shrink it. What else the plan resolved from the old length stays as config.yaml holds
+it (the progressive-resizing ramp's epochs: the line says so). The alternative, stretching only the rest of
 the decay from the LR it stopped at (what --time-budget does mid-run, LRSchedule.resized),
 would continue a finished run at an LR of 0 and teach it nothing. Either way it is said, in
 one line, with the LR before and after.
@@ -106,8 +107,10 @@ def length_change(state: dict, config: TrainConfig, *, schedule: LRSchedule, tot
                      kind=kind if kind in SCHEDULES else schedule.kind)
     before, after = (old.lr(step - 1, peak) if step > 0 else 0.0), schedule.lr(step, peak)
     verb = "stretched" if total_steps > old_total else "shrunk"
-    return (f"{head}: the {schedule.kind} LR schedule is {verb} over {now} epochs "
-            f"({total_steps} steps), as if the run had been planned for them: the LR goes "
-            f"from {before:.4g}, where it stopped (step {step}), "
-            f"{'up' if after > before else 'down'} to {after:.4g}, then to 0 at step "
-            f"{total_steps}")
+    # The ramp's epochs were resolved when the run was planned (config.yaml): they stay.
+    ramp = (f"; progressive resizing keeps its ramp (epochs {config.res_ramp[0]:g}-"
+            f"{config.res_ramp[1]:g})" if config.progressive and config.res_ramp else "")
+    return (f"{head}: the {schedule.kind} LR schedule is {verb} to end at epoch {now} (step "
+            f"{total_steps}): the LR goes from {before:.4g}, where it stopped (step {step}), "
+            f"{'up' if after > before else 'down'} to {after:.4g}, the {now}-epoch schedule's "
+            f"LR there, then to 0{ramp}")
