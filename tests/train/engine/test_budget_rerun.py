@@ -84,3 +84,17 @@ def test_a_budget_with_epochs_and_a_warmup_given_saves_them(train_cli, tiny_data
     saved = load_yaml(out / "config.yaml")
     assert (saved["epochs"], saved["warmup_steps"]) == (2, 4)
     assert "left to --time-budget" not in (out / "config.yaml").read_text()
+
+
+def test_a_warmup_longer_than_the_sized_run_is_said(train_cli, tiny_dataset, tmp_path,
+                                                    simulated_clock):
+    """What a config.yaml written before the fix still holds (the warm-up planned for the
+    1,000-epoch cap, 600 steps here), or a warm-up asked for that the budget makes too long:
+    the sizing line says the LR never reaches its peak, and what to do."""
+    code, stdout, err = train_cli("--data", tiny_dataset, "--out", tmp_path / "run",
+                                  "--batch-size", 8, "--time-budget", "20s",
+                                  "--warmup-steps", 600, *FAST)
+    assert code == 0, err
+    line = next(x for x in stdout.splitlines() if x.startswith("time budget 20 s:"))
+    assert line.endswith("; --warmup-steps 600 outlasts the run, so its LR never reaches the "
+                         "peak: leave it out (auto: 5% of the sized run)"), line
