@@ -9,6 +9,7 @@ import json
 import pytest
 
 from turbotrain.train.config.config import TrainConfig
+from turbotrain.train.config.config_files import load_yaml
 from turbotrain.train.plan import decision
 from turbotrain.train.step.schedule import lr_at
 
@@ -49,6 +50,23 @@ def test_more_epochs_stretch_the_schedule_said_in_one_line_with_each_setting_s_s
     assert lines["pipeline"] == "test-memory: asked for in this command"
     assert lines["tta"] == f"False: {saved}" and lines["threads"].endswith(saved)
     assert not [line for line in lines.values() if line.endswith(": asked for")], lines
+    assert "this resume changes" not in stdout  # --epochs has its own line; nothing else
+
+    # Another --lr and --weight-decay take effect (the restored optimizer brought the saved
+    # ones back), and the line says what changed; another --optimizer is refused.
+    decay = load_yaml(out / "config.yaml")["weight_decay"]
+    code, stdout, err = train_cli("--out", out, "--resume", "--epochs", 4, "--lr", "0.05",
+                                  "--weight-decay", "0.001")
+    assert code == 0, err
+    assert ("this resume changes the saved run's lr 0.1 -> 0.05, weight-decay "
+            f"{decay} -> 0.001") in stdout.splitlines(), stdout
+    logged = {r["step"]: r["lr"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "step"}
+    assert logged[37] == pytest.approx(lr_at(37, total=48, warmup=3, kind="cosine", peak=0.05))
+    code, _, err = train_cli("--out", out, "--resume", "--epochs", 5, "--optimizer", "adamw")
+    assert code == 2 and err.strip().splitlines() == [
+        f"train: error: --optimizer adamw: the run in {out} trained with sgd, whose state does "
+        f"not carry over to adamw; resume with --optimizer sgd, or start a new run from its "
+        f"weights: --out NEWDIR --init-from {out} --optimizer adamw"]
 
 
 def test_a_run_stopped_at_its_target_says_what_to_pass_to_train_on(train_cli, tiny_dataset,

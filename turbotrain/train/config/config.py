@@ -229,7 +229,9 @@ class TrainConfig:
                                "it); auto: runs/<dataset>-<model>-<time>, with -2, -3, ... added "
                                "when taken", "run")
     # True, False or "auto" (a flag with an optional value: `--resume`, `--resume auto`).
-    resume: bool | str = _setting(False, "continue the run in --out from its last checkpoint; "
+    resume: bool | str = _setting(False, "continue the run in --out from its last checkpoint "
+                                  "(flags given with it override its saved settings, and "
+                                  "its start says what that changes); "
                                   "--resume auto: continue it when --out holds a checkpoint, "
                                   "else start a new run there (for a scheduler or torchrun "
                                   "--max-restarts that reruns the same command)", "run",

@@ -40,7 +40,7 @@ from ..weights.finetune import optimizer_groups, start_model, weights_facts
 from . import batch_finder
 from .data import open_splits
 from .loader import Loader, open_planned, pipeline_options
-from .resume_changes import check_target_stop
+from .resume_changes import carry_optimizer_settings, check_same_optimizer, check_target_stop
 from .run_folder import prepare_run_dir
 
 
@@ -163,6 +163,7 @@ def _open_run_dir(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSta
     if resume_state is not None:
         _check_same_world_size(resume_state, env, run_dir)
         _check_same_data(resume_state, config, model, classes, run_dir)
+        check_same_optimizer(resume_state, config, run_dir)
         check_target_stop(resume_state, config, run_dir)
     if env.is_main:
         save_yaml(config, run_dir / "config.yaml", budget_sized=budget_sized)
@@ -354,6 +355,7 @@ def restore_modules(run: Run, state: dict) -> None:
     try:
         engine.optimizer.load_state_dict(state["optimizer"])
         _check_optimizer_state(engine.optimizer)
+        carry_optimizer_settings(engine.optimizer, state, run.config)
         # No scheduler state: the LR is a function of the step counter (schedule.lr_at), with
         # each group's peak in the optimizer state; an older checkpoint's "scheduler" is unread.
         engine.scaler.load_state_dict(state["scaler"])

@@ -1,20 +1,25 @@
-"""What a `--resume` with another `--epochs` does, said at its start (issue 46, item 4).
+"""What a `--resume` with other settings does, said at its start (issue 46, item 4).
 
-The rule: the LR is a function of the step over the run's length (schedule.py), so a resumed
-run with a new `--epochs` follows, from where it stopped, the schedule of that length (same
-peak, same warm-up): 3 -> 5 epochs of a finished cosine run brings the LR back up from 0 to
-the 5-epoch cosine's value at epoch 3 (a warm restart), then decays it to 0 at epoch 5; fewer
-epochs shrink it. What else the plan resolved from the old length stays as config.yaml holds
-it (the progressive-resizing ramp's epochs: the line says so). The alternative, stretching only the rest of
-the decay from the LR it stopped at (what --time-budget does mid-run, LRSchedule.resized),
-would continue a finished run at an LR of 0 and teach it nothing. Either way it is said, in
-one line, with the LR before and after.
+Another `--epochs`: the LR is a function of the step over the run's length (schedule.py), so
+the resumed run follows, from where it stopped, the schedule of the new length (same peak,
+same warm-up): 3 -> 5 epochs of a finished cosine run brings the LR back up from 0 to the
+5-epoch cosine's value at epoch 3 (a warm restart), then decays it to 0 at epoch 5; fewer
+epochs shrink it. Stretching only the rest of the decay from the LR it stopped at (what
+--time-budget does mid-run, LRSchedule.resized) would continue a finished run at an LR of 0
+and teach it nothing. What else the plan resolved from the old length stays as config.yaml
+holds it (a progressive-resizing ramp's epochs). One line says it (`length_change`), with the
+LR before and after.
 
 A run that stopped at its --target-accuracy stops there however many epochs it is given, so
 asking it for more is refused in one line saying what to pass (`check_target_stop`): a run
 that does nothing and reprints "done" answers a question the user did not ask.
 
-Both read the checkpoint as the trainer saved it (`state["config"]`: the settings the run had,
+Any other setting changed: one line lists them (`changed_settings`); the optimizer's own
+(--lr, --weight-decay, --momentum), which its restored state would silently bring back, are
+carried over to the new values (`carry_optimizer_settings`); another --optimizer is refused
+(`check_same_optimizer`).
+
+All read the checkpoint as the trainer saved it (`state["config"]`: the settings the run had,
 `state["counters"]`: where it stopped), each value checked before use.
 """
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 from ..config.config import TrainConfig
 from ..config.duration import BUDGET_MAX_EPOCHS
 from ..errors import TrainError
-from ..step.schedule import SCHEDULES, LRSchedule
+from ..step.schedule import PEAK_LR, SCHEDULES, LRSchedule
 
 
 def _epochs_given(config: TrainConfig) -> bool:
@@ -77,6 +82,61 @@ def forget_unmet_target(counters, target: float | None) -> None:
     accuracy = (counters.val or {}).get("val_accuracy", 0.0)
     if counters.target_epoch >= 0 and (target is None or accuracy < target):
         counters.target_epoch = counters.target_step = -1
+
+
+def check_same_optimizer(state: dict, config: TrainConfig, run_dir: Path) -> None:
+    """TrainError when this resume names another --optimizer: the saved state (momentum
+    buffers, or AdamW's moments) belongs to the one the run trained with."""
+    saved, _ = _saved(state)
+    was = saved.get("optimizer")
+    if isinstance(was, str) and was != config.optimizer:
+        raise TrainError(f"--optimizer {config.optimizer}: the run in {run_dir} trained with "
+                         f"{was}, whose state does not carry over to {config.optimizer}; "
+                         f"resume with --optimizer {was}, or start a new run from its weights: "
+                         f"--out NEWDIR --init-from {run_dir} --optimizer {config.optimizer}")
+
+
+def carry_optimizer_settings(optimizer, state: dict, config: TrainConfig) -> None:
+    """The restored optimizer's groups given this resume's --lr, --weight-decay and
+    --momentum: load_state_dict brought back the saved run's, which would silently outrank the
+    flags. Each group keeps its share (layer decay, a fine-tuned head's own rate, no decay on
+    norms and biases): its peak LR and decay are scaled by new / saved."""
+    saved, _ = _saved(state)
+    for name, key in (("lr", PEAK_LR), ("weight_decay", "weight_decay")):
+        was, now = saved.get(name), getattr(config, name)
+        if type(was) in (int, float) and was > 0 and now is not None and now != was:
+            for group in optimizer.param_groups:
+                group[key] *= now / was
+    was = saved.get("momentum")
+    if type(was) in (int, float) and config.momentum != was:
+        for group in optimizer.param_groups:
+            if "betas" in group:
+                group["betas"] = (config.momentum, group["betas"][1])
+            else:
+                group["momentum"] = config.momentum
+
+
+# Said by `length_change`, or sized by --time-budget (its checkpoint holds the sized values), or
+# where the run is (--out): no setting this resume changes.
+_NOT_COMPARED = ("epochs", "warmup_steps", "out")
+
+
+def changed_settings(state: dict, config: TrainConfig) -> str | None:
+    """The line naming what this resume changes of the saved run's settings (a flag or a
+    --config over config.yaml), each as `name old -> new`; None when nothing. --epochs has a
+    line of its own (`length_change`)."""
+    saved, _ = _saved(state)
+    now = config.to_saved_dict()
+    changed = [f"{name.replace('_', '-')} {_shown(saved[name])} -> {_shown(now[name])}"
+               for name in now if name in saved and name not in _NOT_COMPARED
+               and saved[name] != now[name]]
+    return ("this resume changes the saved run's " + ", ".join(changed)) if changed else None
+
+
+def _shown(value) -> str:
+    if isinstance(value, tuple):
+        return " ".join(f"{v:g}" for v in value)
+    return "none" if value is None else str(value)[:60]
 
 
 def length_change(state: dict, config: TrainConfig, *, schedule: LRSchedule, total_steps: int,

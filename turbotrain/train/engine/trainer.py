@@ -38,7 +38,7 @@ from ..step.loop import evaluate, parameters_finite
 from ..step.schedule import PEAK_LR
 from ..weights.keep_best import WeightsKeeper
 from .builder import Run, build_run
-from .resume_changes import forget_unmet_target, length_change
+from .resume_changes import changed_settings, forget_unmet_target, length_change
 from .run_length import RunLength
 from .run_summary import run_summary
 from .trainer_state import Counters, checkpoint_state, restore_state
@@ -343,7 +343,8 @@ class Trainer:
                                    steps_per_epoch=run.steps_per_epoch, step=c.step,
                                    budget_sized=c.budget_total_steps >= 0,
                                    peak=run.engine.optimizer.param_groups[0][PEAK_LR])
-            lines += [change] if change is not None else []
+            changed = changed_settings(run.resume_state, self.config)
+            lines += [line for line in (changed, change) if line is not None]
         return lines
 
     def _finish(self, outcome: str) -> dict:
