@@ -16,7 +16,7 @@ from turbotrain.arg_parser import CommandParser
 from turbotrain.datasets import DatasetError
 from turbotrain.pipeline import PipelineError, pipeline_names
 
-from .config.config_files import config_from_namespace
+from .config.config_files import config_and_sources
 from .config.config_flags import add_config_arguments
 from .errors import DistributedFailure, Interrupted, TrainError, TrainingDiverged
 from .models.models import model_names
@@ -49,13 +49,13 @@ def run_train(args: argparse.Namespace) -> int:
     # caller's allocator alone; the run's printed `host_memory` decision says which happened.
     keep_freed_memory()
     try:
-        config = config_from_namespace(args)
+        config, sources = config_and_sources(args)
         # Before anything touches CUDA (the batch search runs CUDA steps early): step/
         # determinism.py says why cuBLAS needs it then.
         fix_cublas_workspace(config.deterministic)
         # lazy: `train --help` does not load the trainer (+80 ms)
         from .engine.trainer import train
-        train(config)
+        train(config, sources)
     except user_errors as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -145,11 +145,15 @@ class TrainConfig:
     time_budget: float | None = _setting(None, "end the run within DURATION of its start "
                                          "(90s, 10m, 1h): its first steps are timed and the "
                                          "epochs and the LR schedule sized to fit; without "
-                                         "--epochs, as many epochs as fit", "optim",
+                                         "--epochs, as many epochs as fit (config.yaml leaves "
+                                         "out the epochs and warm-up it sizes, so a rerun "
+                                         "sizes them again); none: no budget", "optim",
                                          shown="none")
     target_accuracy: float | None = _setting(None, "stop at the first evaluation whose val "
                                              "accuracy reaches A (0.95 = 95%%); the LR schedule "
-                                             "is cut there", "optim", shown="none")
+                                             "is cut there; none: no target (drops a "
+                                             "saved run's on --resume)", "optim",
+                                             shown="none")
     max_steps: int | None = _setting(None, "stop after this many optimizer steps (the LR schedule "
                                      "spans them)", "optim", shown="no limit")
     clip_grad: float = _setting(0.0, "clip the global gradient norm to this before each "
@@ -225,7 +229,9 @@ class TrainConfig:
                                "it); auto: runs/<dataset>-<model>-<time>, with -2, -3, ... added "
                                "when taken", "run")
     # True, False or "auto" (a flag with an optional value: `--resume`, `--resume auto`).
-    resume: bool | str = _setting(False, "continue the run in --out from its last checkpoint; "
+    resume: bool | str = _setting(False, "continue the run in --out from its last checkpoint "
+                                  "(flags given with it override its saved settings, and "
+                                  "its start says what that changes); "
                                   "--resume auto: continue it when --out holds a checkpoint, "
                                   "else start a new run there (for a scheduler or torchrun "
                                   "--max-restarts that reruns the same command)", "run",

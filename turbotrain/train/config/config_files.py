@@ -75,11 +75,22 @@ def load_yaml(path: str | os.PathLike) -> dict:
     return settings
 
 
-def save_yaml(config: TrainConfig, path: str | os.PathLike) -> None:
-    """Writes the run's settings as YAML readable by `--config`; auto values must be resolved.
-    Written beside and renamed over `path`: a symlink there is replaced, not written through."""
-    data = {name.replace("_", "-"): value for name, value in config.to_saved_dict().items()}
-    write_file(path, yaml.safe_dump(data, sort_keys=False))
+def save_yaml(config: TrainConfig, path: str | os.PathLike, *,
+              budget_sized: tuple[str, ...] = ()) -> None:
+    """Writes the run's settings as YAML readable by `--config`; auto values must be resolved,
+    except `budget_sized` (plan.Plan.budget_sized): the settings --time-budget sizes during the
+    run are left out, with a comment saying so, so that `--config RUN/config.yaml` (and
+    --resume) sizes them again from the budget: what reproduces the run is the budget, not the
+    placeholders planned before it timed a step. Written beside and renamed over `path`: a
+    symlink there is replaced, not written through."""
+    data = {name.replace("_", "-"): value for name, value in config.to_saved_dict().items()
+            if name not in budget_sized}
+    header = ""
+    if budget_sized:
+        names = " and ".join(name.replace("_", "-") for name in budget_sized)
+        header = (f"# {names}: left to --time-budget, which sizes them after timing the "
+                  "first steps\n# (the run's own: summary.json's steps and decisions)\n")
+    write_file(path, header + yaml.safe_dump(data, sort_keys=False))
 
 
 # What a run saved before a setting existed did instead: resuming it must not switch to what
@@ -102,10 +113,18 @@ def _layer(below: dict, above: dict) -> dict:
 
 def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
     """Defaults <- RUNDIR/config.yaml (with --resume) <- --config FILE <- the given flags."""
+    return config_and_sources(args)[0]
+
+
+def config_and_sources(args: argparse.Namespace) -> tuple[TrainConfig, dict[str, str]]:
+    """`config_from_namespace`'s config, and where each setting a layer set came from, as the
+    run's decision lines say it in place of "asked for" (plan.decision.labelled): on --resume
+    every setting is in the saved config.yaml, so "asked for" once named the plan's old
+    choices as the user's. Only with a file or a saved run under the flags; {} otherwise."""
     given = {name: getattr(args, name) for name in FIELDS if hasattr(args, name)}
     from_file = load_yaml(given["config"]) if given.get("config") else {}
     requested = _layer(from_file, given)
-    saved = {}
+    saved, saved_path = {}, None
     resume = requested.get("resume")
     if resume:
         if not requested.get("out"):
@@ -125,4 +144,9 @@ def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
         settings["epochs"] = BUDGET_MAX_EPOCHS
     config = TrainConfig(**settings)
     config.validate()
-    return config
+    sources = {}
+    if saved or from_file:
+        sources.update({name: f"kept from the saved run ({saved_path})" for name in saved})
+        sources.update({name: f"from --config {given['config']}" for name in from_file})
+        sources.update({name: "asked for in this command" for name in given})
+    return config, sources

@@ -63,10 +63,19 @@ def _parse_resume(raw) -> bool | str:
     raise TrainError(f"--resume: expected no value or auto, got {str(raw)[:80]!r}")
 
 
+def _says_none(name: str, raw) -> bool:
+    """`none` for a setting whose default is none (--target-accuracy none, --time-budget
+    none): how a --resume drops one that the saved run has."""
+    return (isinstance(raw, str) and raw.lower() == "none"
+            and FIELDS[name].metadata["shown"] == "none")
+
+
 def parse_value(name: str, raw):
     """One setting's value from a flag string or a YAML scalar; TrainError says what is wrong."""
     if name == "resume":
         return _parse_resume(raw)
+    if _says_none(name, raw):
+        return None
     if name == "time_budget" and raw is not None and str(raw).lower() != AUTO:
         try:
             return parse_duration(raw)

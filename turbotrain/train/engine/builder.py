@@ -40,6 +40,7 @@ from ..weights.finetune import optimizer_groups, start_model, weights_facts
 from . import batch_finder
 from .data import open_splits
 from .loader import Loader, open_planned, pipeline_options
+from .resume_changes import carry_optimizer_settings, check_same_optimizer, check_target_stop
 from .run_folder import prepare_run_dir
 
 
@@ -71,16 +72,18 @@ class Run:
         return self.config.batch_size * self.config.accum_steps * self.env.world_size
 
 
-def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) -> Run:
+def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack,
+              sources: dict[str, str] | None = None) -> Run:
     """Plans the run and carries the plan out (see `_plan_and_open`), then builds the model, the
     run folder and the training step. `cleanup` closes the pipelines when the run ends, or when
-    building it fails half-way."""
+    building it fails half-way. `sources`: where each setting came from
+    (config_files.config_and_sources), which the decision lines name."""
     config.validate()
     fix_cublas_workspace(config.deterministic)  # before the batch search's CUDA steps
     auto = config.resume == AUTO  # the plan replaces it with what auto decided
     planned, train_data, train_pipeline, val_pipeline = _plan_and_open(config, env, cleanup)
     config, device = planned.config, planned.device
-    decisions = dict(planned.lines)
+    decisions = planned.lines_labelled(sources or {})
 
     def decide(what: str, value, reason: str):  # what building the model finds out
         decisions[what] = f"{value}: {reason}"
@@ -94,7 +97,8 @@ def build_run(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack) 
                         decide=decide)
     config, run_dir, resume_state = _open_run_dir(config, env, cleanup, auto=auto,
                                                   model=model,
-                                                  classes=tuple(train_data.class_names))
+                                                  classes=tuple(train_data.class_names),
+                                                  budget_sized=planned.budget_sized)
     fresh = resume_state is None and not config.from_weights
     train_model, ema = _place_model(model, planned, env, train_pipeline if fresh else None,
                                     decide)
@@ -154,12 +158,12 @@ def _print_warnings(decisions, env: DistEnv) -> None:
 
 
 def _open_run_dir(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitStack, *,
-                  auto: bool, model: Classifier, classes: tuple[str, ...]
-                  ) -> tuple[TrainConfig, Path, dict | None]:
+                  auto: bool, model: Classifier, classes: tuple[str, ...],
+                  budget_sized: tuple[str, ...] = ()) -> tuple[TrainConfig, Path, dict | None]:
     """The run folder (a new one, or --resume's; locked until `cleanup` runs: run_folder.py),
     the checkpoint state to continue from (checked against this launch before config.yaml is
     rewritten: a refused resume leaves the run as it was), and RUNDIR/config.yaml (the
-    resolved settings)."""
+    resolved settings, less the `budget_sized` ones: config_files.save_yaml)."""
     run_dir = prepare_run_dir(config, env, cleanup, auto=auto,
                               default=Path(default_run_dir(config)))
     config = config.replace(out=str(run_dir))
@@ -167,8 +171,10 @@ def _open_run_dir(config: TrainConfig, env: DistEnv, cleanup: contextlib.ExitSta
     if resume_state is not None:
         _check_same_world_size(resume_state, env, run_dir)
         _check_same_data(resume_state, config, model, classes, run_dir)
+        check_same_optimizer(resume_state, config, run_dir)
+        check_target_stop(resume_state, config, run_dir)
     if env.is_main:
-        save_yaml(config, run_dir / "config.yaml")
+        save_yaml(config, run_dir / "config.yaml", budget_sized=budget_sized)
     return config, run_dir, resume_state
 
 
@@ -357,6 +363,7 @@ def restore_modules(run: Run, state: dict) -> None:
     try:
         engine.optimizer.load_state_dict(state["optimizer"])
         _check_optimizer_state(engine.optimizer)
+        carry_optimizer_settings(engine.optimizer, state, run.config)
         # No scheduler state: the LR is a function of the step counter (schedule.lr_at), with
         # each group's peak in the optimizer state; an older checkpoint's "scheduler" is unread.
         engine.scaler.load_state_dict(state["scaler"])

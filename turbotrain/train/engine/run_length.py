@@ -156,9 +156,15 @@ class RunLength:
         self._mark = _Mark(elapsed, c.eval_seconds, c.step, c.epoch)
         self.fit_reason = fit.reason
         self.apply(c)
-        return (f"time budget {self.budget:g} s: {fit.reason}; the run is now "
+        line = (f"time budget {self.budget:g} s: {fit.reason}; the run is now "
                 f"{fit.total_steps} steps ({_epochs(fit.epochs)}), its LR schedule re-planned "
                 f"to end there")
+        if c.lr_warmup_steps >= fit.total_steps and run.config.schedule != "onecycle":
+            # A warm-up asked for, or saved by a config.yaml written before budget_sized
+            # (2,000 steps planned for the 1,000-epoch cap): said, not a silent low LR.
+            line += (f"; --warmup-steps {c.lr_warmup_steps} outlasts the run, so its LR never "
+                     "reaches the peak: leave it out (auto: 5% of the sized run)")
+        return line
 
     def _next_check(self, c: Counters, step_s: float, elapsed: float) -> None:
         c.budget_step_seconds = step_s

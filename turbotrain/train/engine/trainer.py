@@ -35,8 +35,10 @@ from ..step.distributed import (all_reduce_sum, barrier, destroy_process_group, 
                                 explain_collective_failure, is_collective_failure, max_over_ranks,
                                 mean_loss_and_any_stop, report_collective_failures_before_sigterm)
 from ..step.loop import evaluate, parameters_finite
+from ..step.schedule import PEAK_LR
 from ..weights.keep_best import WeightsKeeper
 from .builder import Run, build_run
+from .resume_changes import changed_settings, forget_unmet_target, length_change
 from .run_length import RunLength
 from .run_summary import run_summary
 from .trainer_state import Counters, checkpoint_state, restore_state
@@ -335,6 +337,7 @@ class Trainer:
             self.monitor.resumed(state.get("timeline"), self.counters.step)
         except ckpt.RESTORE_ERRORS as exc:
             raise ckpt.damaged(ckpt.checkpoint_path(self.run.run_dir), exc) from None
+        forget_unmet_target(self.counters, self.config.target_accuracy)  # a new one, higher
         self.length.apply(self.counters)  # the length --time-budget fitted, and its schedule
         self.metrics.truncate_after(self.counters.step, self.counters.epoch)
 
@@ -351,6 +354,15 @@ class Trainer:
                  f"{run.steps_per_epoch} steps/epoch x {length}, global batch "
                  f"{run.global_batch}, lr {self.config.lr:.4g}, {run.num_classes} classes"]
         lines += [f"  {what}: {why}" for what, why in run.decisions.items()]
+        if run.resume_state is not None:
+            c = self.counters
+            change = length_change(run.resume_state, self.config, schedule=run.engine.schedule,
+                                   total_steps=run.total_steps,
+                                   steps_per_epoch=run.steps_per_epoch, step=c.step,
+                                   budget_sized=c.budget_total_steps >= 0,
+                                   peak=run.engine.optimizer.param_groups[0][PEAK_LR])
+            changed = changed_settings(run.resume_state, self.config)
+            lines += [line for line in (changed, change) if line is not None]
         return lines
 
     def _finish(self, outcome: str) -> dict:
@@ -406,14 +418,16 @@ def _evaluation_line(summary: dict) -> str:
             f"{tta}: {summary['eval_seconds']:.1f} s in all, {share:.0%} of the run")
 
 
-def train(config: TrainConfig) -> dict:
-    """Runs training as `config` says; returns the summary (also written to summary.json)."""
+def train(config: TrainConfig, sources: dict[str, str] | None = None) -> dict:
+    """Runs training as `config` says; returns the summary (also written to summary.json).
+    `sources`: where each setting came from (config_files.config_and_sources), for the
+    decision lines."""
     started = time.perf_counter()
     env = dist_env_from_environ()
     run_dir = config.out
     try:
         with contextlib.ExitStack() as cleanup:
-            run = build_run(config, env, cleanup)
+            run = build_run(config, env, cleanup, sources)
             # DDP holds the process group, and its hooks form reference cycles: drop it here and
             # collect it below while the interpreter is alive; left to the exit, Gloo's threads
             # abort it ("terminate called without an active exception", 3 of 16 2-rank runs).

@@ -39,6 +39,7 @@ from turbotrain.pipeline import augment
 
 from . import eval_rules, recipe, resolution, rules
 from .budget_size import budget_size
+from .decision import labelled
 from .device_choice import device_choices, pick_channels_last, pick_device
 from .facts import DatasetFacts, WeightsFacts
 from .machine import Machine
@@ -86,6 +87,9 @@ class Plan:
     batch_search: BatchSearch | None = None  # the batch still has to be measured
     steps_per_epoch: int | None = None
     total_steps: int | None = None
+    # Settings --time-budget sizes once the run's pace is timed (`budget_sized`): their values
+    # here are placeholders, which RUNDIR/config.yaml leaves out (config_files.save_yaml).
+    budget_sized: tuple[str, ...] = ()
 
     def __getitem__(self, name: str) -> Decision:
         return self.decisions[name]
@@ -105,7 +109,12 @@ class Plan:
     @property
     def lines(self) -> dict[str, str]:
         """What a run prints at start and keeps in summary.json: name -> "value: reason"."""
-        return {name: d.line() for name, d in self.decisions.items() if d.shown}
+        return self.lines_labelled({})
+
+    def lines_labelled(self, sources: dict[str, str]) -> dict[str, str]:
+        """`lines`, each "asked for" naming where its setting came from (decision.labelled)."""
+        return {name: d.line() for name, d in labelled(self.decisions, sources).items()
+                if d.shown}
 
 
 def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
@@ -153,7 +162,8 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     config = config.replace(pipeline=pipeline, channels_last=channels_last,
                             workers=threads.workers, threads=threads.torch_threads)
     return Plan(config, machine, _ordered(d), spec=spec, budget=budget, threads=threads,
-                batch_search=search, steps_per_epoch=steps, total_steps=total)
+                batch_search=search, steps_per_epoch=steps, total_steps=total,
+                budget_sized=budget_sized(config, warmup_planned="warmup_steps" in d))
 
 
 def plan_loader(config: TrainConfig, facts: DatasetFacts, machine: Machine,
@@ -397,6 +407,18 @@ def _threads(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine
     return budget, threads
 
 
+def budget_sized(config: TrainConfig, *, warmup_planned: bool) -> tuple[str, ...]:
+    """The settings a --time-budget run sizes after timing its first steps (run_length.py),
+    whose planned values are placeholders: the epochs when --epochs was not given (the
+    BUDGET_MAX_EPOCHS cap) and an automatic warm-up (5 % of that cap's steps). A rerun
+    from config.yaml must size them again: saved, the placeholder warm-up would read as one
+    asked for, and a 3-epoch run would rerun with a 2,000-step warm-up (issue 46)."""
+    if config.time_budget is None:
+        return ()
+    return ((("epochs",) if config.epochs >= BUDGET_MAX_EPOCHS else ())
+            + (("warmup_steps",) if warmup_planned else ()))
+
+
 def _schedule(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine,
               pipeline: str, observed: Observed) -> tuple[TrainConfig, int, int]:
     """Steps per epoch (the opened pipeline's batches, else predicted: this rank's share of the
@@ -418,6 +440,9 @@ def _schedule(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machin
         d["warmup"] = Decision(f"{warmup} steps", f"--warmup-epochs {config.warmup_epochs:g} x "
                                f"{steps} steps per epoch")
     elif warmup is None:
-        warmup = _decide(d, "warmup_steps",
-                         recipe.warmup_steps(total, from_weights=config.from_weights))
+        planned = recipe.warmup_steps(total, from_weights=config.from_weights)
+        if config.time_budget is not None:  # run_length.RunLength.apply fits it again
+            planned = Decision(planned.value, f"{planned.reason} for now: fitted to the run's "
+                               "length once --time-budget sizes it")
+        warmup = _decide(d, "warmup_steps", planned)
     return config.replace(warmup_steps=warmup, warmup_epochs=None), steps, total

@@ -2,7 +2,13 @@
 recipe.py, budget_size.py) and a run prints."""
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+ASKED = "asked for"
+# The settings behind a decision whose name is no setting's.
+SETTINGS_OF = {"threads": ("threads", "workers"), "compile_mode": ("compile",)}
 
 
 @dataclass(frozen=True)
@@ -20,4 +26,18 @@ class Decision:
 
 
 def asked(value) -> Decision:
-    return Decision(value, "asked for", shown=False)
+    return Decision(value, ASKED, shown=False)
+
+
+def labelled(decisions: dict[str, Decision], sources: Mapping[str, str]) -> dict[str, Decision]:
+    """`decisions` with each "asked for" naming where its setting came from (`sources`:
+    setting -> "asked for in this command", "kept from the saved run (RUN/config.yaml)", "from
+    --config FILE"; config_files.config_and_sources); the plan's own reasons stay."""
+    out = {}
+    for name, decision in decisions.items():
+        where = [sources[s] for s in SETTINGS_OF.get(name, (name,)) if s in sources]
+        if where and decision.reason.startswith(ASKED):
+            decision = dataclasses.replace(
+                decision, reason=where[0] + decision.reason[len(ASKED):])
+        out[name] = decision
+    return out
