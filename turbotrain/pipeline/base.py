@@ -22,6 +22,8 @@ from typing import Iterator
 
 import torch
 
+from turbotrain.augment_policy import AugmentPolicy
+
 from . import augment
 from .order import ORDERS
 from .resolution import ResolutionSchedule
@@ -66,6 +68,10 @@ class PipelineOptions:
     # Progressive resizing (resolution.py; training only): each epoch's batches are
     # `resolution.size(epoch)` px, ending at `image_size` (its max_res). None: always image_size.
     resolution: ResolutionSchedule | None = None
+    # RandAugment / TrivialAugment, colour jitter, random erasing (train --aa, --color-jitter,
+    # --reprob): applied to training batches after decode by every pipeline alike
+    # (after_decode.py). None: none of them.
+    augment: AugmentPolicy | None = None
 
     def __post_init__(self):
         if self.order not in ORDERS:
