@@ -101,8 +101,16 @@ class Pipeline(abc.ABC):
     """Base class of every registered pipeline (see the module docstring for the contract)."""
 
     name: str = ""
+    # Whether the class runs options.augment on its training batches (OrderedPipeline does);
+    # one that does not refuses to be built with it rather than train unaugmented silently.
+    applies_augment: bool = False
 
     def __init__(self, dataset, options: PipelineOptions):
+        augments = options.augment is not None and options.augment.enabled
+        if options.train and augments and not self.applies_augment:
+            raise PipelineError(f"the {self.name or type(self).__name__} pipeline does not "
+                                "apply --aa / --color-jitter / --reprob; choose another "
+                                "--pipeline or drop them")
         self.dataset = dataset
         self.options = options
         self.epoch = 0

@@ -32,6 +32,7 @@ class OrderedPipeline(Pipeline):
     """A Pipeline fed by `order.order_for(dataset, options)`."""
 
     reads_during_epoch = True
+    applies_augment = True  # __iter__ runs options.augment (after_decode.py)
 
     def __init__(self, dataset, options: PipelineOptions):
         super().__init__(dataset, options)
