@@ -191,3 +191,45 @@ def test_erasing_boxes_follow_timm_ranges():
     assert area.min() >= ERASE_AREA[0] * 0.8 and area.max() <= ERASE_AREA[1] * 1.1
     assert (top >= 0).all() and (top + h <= 40).all() and (left + w <= 50).all()
     assert (h < 40).all() and (w < 50).all()
+
+
+# -- on the device ------------------------------------------------------------------------------
+def test_the_stage_reads_nothing_on_the_host(monkeypatch):
+    """On CUDA a tensor read on the host waits for the device: the stage makes its draws on
+    the host with numpy and only sends parameters down."""
+    from .test_no_hidden_sync import no_host_reads
+    images = torch.randint(0, 256, (8, 3, 24, 24), dtype=torch.uint8)
+    stages = [AfterDecode(p, seed=0) for p in (*POLICIES.values(), policy(reprob=1.0))]
+    with no_host_reads(monkeypatch):
+        for stage in stages:
+            stage(images, np.arange(8), 0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("which", sorted(POLICIES))
+def test_on_cuda_without_a_sync_and_as_on_the_cpu(which):
+    """The CUDA stage queues its work without a host sync, and agrees with the CPU's: the same
+    draws, the same integer ops; bilinear resampling may round a pixel to the next level, and
+    per-pixel noise comes from CUDA's generator (so --remode pixel is compared outside boxes
+    only through the images that get none)."""
+    cuda = torch.device("cuda")
+    images = torch.randint(0, 256, (32, 3, 48, 48), dtype=torch.uint8)
+    images = images.contiguous(memory_format=torch.channels_last)
+    stage = AfterDecode(POLICIES[which], seed=5, mean=(120, 110, 100), std=(60, 60, 60))
+    on_cpu = stage(images, np.arange(32), 2)
+    device_images = images.to(cuda)
+    stage(device_images, np.arange(32), 1)  # warm-up: kernels, the pinned-memory pool
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        on_gpu = stage(device_images, np.arange(32), 2)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    on_gpu = on_gpu.cpu()
+    assert on_gpu.is_contiguous(memory_format=torch.channels_last)
+    off = (on_gpu.int() - on_cpu.int()).abs()
+    if which == "rand":  # pixel noise in the erased boxes differs by generator
+        boxes, _, _ = erase_draws(POLICIES[which], seed=5, epoch=2, indices=np.arange(32),
+                                  height=48, width=48)
+        off = off[torch.from_numpy(~(boxes[:, :, 2] > 0).any(axis=1))]
+    assert off.float().mean() < 0.05 and off.max() <= 2
