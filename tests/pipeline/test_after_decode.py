@@ -178,6 +178,8 @@ def test_trivial_augment_applies_one_op_always_with_uniform_bins():
     assert rotate.max() == pytest.approx(135.0) and rotate.min() == 0.0
     posterize = args[op == rand_augment.TRIVIAL_OPS.index("Posterize")]
     assert set(posterize) == {2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0}
+    shift = args[op == rand_augment.TRIVIAL_OPS.index("TranslateX")]
+    assert np.array_equal(shift, np.trunc(shift)) and np.abs(shift).max() == 32
 
 
 def test_erasing_boxes_follow_timm_ranges():

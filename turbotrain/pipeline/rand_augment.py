@@ -18,7 +18,7 @@ TrivialAugmentWide (the wide space of the TrivialAugment paper, 31 magnitude bin
   Brightness,
   Sharpness       factor 0.1 + 1.8 L (inc: 1 +- 0.9 L)   factor 1 +- 0.99 b/30
   ShearX, ShearY  +-0.3 L                                +-0.99 b/30
-  TranslateX, Y   +-0.45 L of the side                   +-32 b/30 px
+  TranslateX, Y   +-0.45 L of the side                   +-int(32 b/30) px
 
 The +- sign is drawn per image (probability 1/2 each). The random draws of image i come from
 `augment.sample_uniforms(seed, epoch, i, draws=...)` at fixed draw numbers (RAND_DRAWS), far
@@ -111,9 +111,10 @@ def _rand_args(names: np.ndarray, level: np.ndarray, sign: np.ndarray,
 
 def _trivial_args(names: np.ndarray, level: np.ndarray, sign: np.ndarray) -> np.ndarray:
     frac = level / (TRIVIAL_BINS - 1)
+    shift = np.trunc(32.0 * frac) * sign  # torchvision translates by int(magnitude) px
     table = {"Rotate": 135.0 * frac * sign, "ShearX": 0.99 * frac * sign,
-             "ShearY": 0.99 * frac * sign, "TranslateX": 32.0 * frac * sign,
-             "TranslateY": 32.0 * frac * sign, "Posterize": 8 - np.round(level / 5),
+             "ShearY": 0.99 * frac * sign, "TranslateX": shift, "TranslateY": shift,
+             "Posterize": 8 - np.round(level / 5),
              "Solarize": 255.0 * (1 - frac)}
     for name in _ENHANCE:
         table[name] = 1.0 + 0.99 * frac * sign
