@@ -235,3 +235,58 @@ def test_on_cuda_without_a_sync_and_as_on_the_cpu(which):
                                   height=48, width=48)
         off = off[torch.from_numpy(~(boxes[:, :, 2] > 0).any(axis=1))]
     assert off.float().mean() < 0.05 and off.max() <= 2
+
+
+# -- the stage against a plain loop over images ------------------------------------------------
+IMAGES = torch.randint(0, 256, (24, 3, 20, 28), dtype=torch.uint8)
+MEAN = (120.0, 110.0, 100.0)
+
+
+@pytest.mark.parametrize("aa", ["rand-m9-n1-mstd0.5", "trivial"])
+def test_each_image_gets_its_own_op_and_argument(aa):
+    from turbotrain.pipeline import image_ops
+    spec = policy(aa=aa).aa
+    indices = np.arange(50, 74)
+    got = AfterDecode(policy(aa=aa), seed=2, mean=MEAN)(IMAGES, indices, 7)
+    op, args = rand_augment.layer_draws(spec, seed=2, epoch=7, indices=indices, layer=0)
+    ops = rand_augment.ops_of(spec)
+    for i in range(len(indices)):
+        image = IMAGES[i:i + 1]
+        if op[i] < 0:
+            want = image
+        elif ops[op[i]] in rand_augment.GEOMETRIC:
+            m = rand_augment.affine_matrices(np.array([ops[op[i]]]), args[i:i + 1], height=20,
+                                             width=28, relative=spec.kind == "rand")
+            want = image_ops.affine(image, torch.tensor(m, dtype=torch.float32),
+                                    torch.tensor(MEAN))
+        else:
+            want = rand_augment.apply_op(ops[op[i]], image, torch.tensor([args[i]],
+                                                                         dtype=torch.float32))
+        assert torch.equal(got[i:i + 1], want), (i, ops[op[i]] if op[i] >= 0 else "skipped")
+
+
+def test_colour_jitter_applies_three_factors_in_each_images_order():
+    from turbotrain.pipeline import after_decode
+    indices = np.arange(24)
+    got = AfterDecode(policy(color_jitter=0.4), seed=2)(IMAGES, indices, 0)
+    u = augment.sample_uniforms(2, 0, indices, draws=np.arange(JITTER_DRAWS, JITTER_DRAWS + 4))
+    factors = 0.6 + 0.8 * u[:, :3]
+    for i in range(24):
+        image = IMAGES[i:i + 1]
+        for k in after_decode._ORDERS[int(u[i, 3] * 6)]:
+            image = after_decode._JITTER_OPS[k](image, torch.tensor([factors[i, k]],
+                                                                   dtype=torch.float32))
+        assert torch.equal(got[i:i + 1], image), i
+
+
+def test_const_erasing_writes_the_mean_in_the_drawn_boxes():
+    erase = policy(reprob=0.6, recount=2, remode="const")
+    got = AfterDecode(erase, seed=1, mean=MEAN, std=(50, 50, 50))(IMAGES, np.arange(24), 3)
+    boxes, _, _ = erase_draws(erase, seed=1, epoch=3, indices=np.arange(24), height=20,
+                              width=28)
+    assert (boxes[:, :, 2] > 0).any(axis=1).sum() > 5
+    for i in range(24):
+        want = IMAGES[i].clone()
+        for top, left, h, w in boxes[i]:
+            want[:, top:top + h, left:left + w] = torch.tensor([120, 110, 100]).view(3, 1, 1)
+        assert torch.equal(got[i], want), i

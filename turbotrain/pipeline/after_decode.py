@@ -80,10 +80,10 @@ class AfterDecode:
             fill = batch.to_device(self.mean)
             batch.update(moved, lambda x, m: image_ops.affine(x, m, fill),
                          matrices.astype(np.float32))
-        for k, name in enumerate(ops):
-            if name not in rand_augment.GEOMETRIC:
-                batch.update(op == k, lambda x, a, name=name: rand_augment.apply_op(name, x, a),
-                             args.astype(np.float32))
+        # The other ops, grouped: one upload of the rows and arguments for the whole layer.
+        batch.update_groups(np.where(moved, -1, op), [
+            (lambda x, a, name=name: rand_augment.apply_op(name, x, a)) for name in ops],
+            args.astype(np.float32))
 
     def _jitter(self, batch: "_Batch") -> None:
         u = sample_uniforms(self.seed, batch.epoch, batch.indices,
@@ -92,9 +92,10 @@ class AfterDecode:
         factors = (max(0.0, 1.0 - strength) + (1.0 + strength - max(0.0, 1.0 - strength))
                    * u[:, :3]).astype(np.float32)
         order = _ORDERS[np.minimum((u[:, 3] * len(_ORDERS)).astype(np.int64), len(_ORDERS) - 1)]
+        rows = np.arange(len(order))
         for position in range(3):
-            for k, op in enumerate(_JITTER_OPS):
-                batch.update(order[:, position] == k, op, factors[:, k])
+            op = order[:, position]
+            batch.update_groups(op, _JITTER_OPS, factors[rows, op])
 
     def _erase(self, batch: "_Batch") -> None:
         height, width = batch.images.shape[-2:]
@@ -183,11 +184,25 @@ class _Batch:
 
     def update(self, selected: np.ndarray, op, params: np.ndarray) -> None:
         """images[selected] = op(images[selected], params[selected] on the device)."""
-        rows = np.flatnonzero(selected)
-        if len(rows) == 0:
+        self.update_groups(np.where(selected, 0, -1), [op], params)
+
+    def update_groups(self, groups: np.ndarray, ops, params: np.ndarray) -> None:
+        """images[groups == k] = ops[k](those images, their params) for each k (-1: left as
+        they are). The rows and params cross to the device once, sorted by group, and each
+        group takes its slice: two small copies, not two per op (~15 ops a RandAugment
+        layer)."""
+        picked = np.flatnonzero(groups >= 0)
+        if len(picked) == 0:
             return
+        order = picked[np.argsort(groups[picked], kind="stable")]
+        counts = np.bincount(groups[order], minlength=len(ops))
         if not self._owned:
             self.images = self.images.clone(memory_format=torch.preserve_format)
             self._owned = True
-        where = self.to_device(rows)
-        self.images[where] = op(self.images[where], self.to_device(params[rows]))
+        rows, values = self.to_device(order), self.to_device(params[order])
+        start = 0
+        for k, count in enumerate(counts.tolist()):
+            if count:
+                where = rows[start:start + count]
+                self.images[where] = ops[k](self.images[where], values[start:start + count])
+            start += count
