@@ -137,3 +137,16 @@ def test_the_loader_takes_them_with_one_line_errors(tiny_dataset):
         assert "RandAugment" in augmented.decisions["augment"]
         (clean, labels), (changed, same_labels) = next(iter(plain)), next(iter(augmented))
     assert labels.equal(same_labels) and not clean.equal(changed)
+
+
+def test_a_val_loader_and_lightnings_module_take_them_too(tiny_dataset):
+    from turbotrain import Loader, LoaderError
+    from turbotrain.lightning import TurbotrainDataModule
+    with Loader(tiny_dataset, "val", device="cpu", workers=1, threads=1, batch_size=8,
+                image_size=16, pipeline="resident", aa="trivial") as val:
+        assert "augment" not in val.decisions  # evaluation is never augmented
+        assert val.pipeline.after_decode is None
+    with pytest.raises(LoaderError, match=r"^Loader\(aa='rand-x1'\): unknown section 'x1'"):
+        TurbotrainDataModule(tiny_dataset, batch_size=8, aa="rand-x1")
+    module = TurbotrainDataModule(tiny_dataset, batch_size=8, reprob=0.25, remode="rand")
+    assert (module.options["reprob"], module.options["remode"]) == (0.25, "rand")

@@ -116,6 +116,10 @@ class Loader:
                  remode: str = "pixel", recount: int = 1):
         _check_arguments(locals())
         env = _process_env(rank, world_size)
+        training = split == "train" if train is None else train
+        # Evaluation batches are never augmented: a val Loader's plan says augment off.
+        augment = (dict(aa=aa, color_jitter=color_jitter, reprob=reprob, remode=remode,
+                        recount=recount) if training else {})
         config = TrainConfig(data=os.fspath(data), pipeline=pipeline, image_size=image_size,
                              progressive=min_res is not None or None, min_res=min_res,
                              res_ramp=None if res_ramp is None else tuple(res_ramp),
@@ -123,15 +127,14 @@ class Loader:
                              seed=seed, workers=workers, threads=threads,
                              worker_mode=worker_mode, order=order, order_window=order_window,
                              scale=tuple(scale), ratio=tuple(ratio), cache_dir=cache_dir,
-                             cache_limit=cache_limit, aa=aa, color_jitter=color_jitter,
-                             reprob=reprob, remode=remode, recount=recount)
+                             cache_limit=cache_limit, **augment)
         dataset = open_dataset(config.data, split=split, cache_dir=cache_dir,
                                cache_limit=cache_limit)
         facts = DatasetFacts.of(dataset)
         machine = detect_machine(env, gpus=config.device != "cpu")
         planned, opened, _ = open_planned(
             config, facts, machine, Observed(), dataset, env, _loader_planner(device),
-            train=split == "train" if train is None else train, drop_last=drop_last)
+            train=training, drop_last=drop_last)
         self._attach(opened, planned, dataset, normalize=normalize, dtype=dtype)
 
     @classmethod
