@@ -9,8 +9,9 @@ from .decision import Decision
 # Off by default: they are regularisers of long runs (the RandAugment paper and timm's ImageNet
 # recipes train 100-600 epochs); on the short runs turbotrain plans they cost time per batch
 # (bench/bench_augment.py) and nothing here has measured them paying that back.
-OFF_REASON = ("off unless asked for (--aa rand-m9-mstd0.5 or trivial, --color-jitter F, "
-              "--reprob P): regularisers for long runs, at a cost per batch")
+OFF_REASON = ("none asked for (--aa rand-m9-mstd0.5 or trivial, --color-jitter F, "
+              "--reprob P): regularisers for long runs that cost time per batch, off by "
+              "default")
 
 
 def augmentation(policy: AugmentPolicy, device: str) -> Decision:
