@@ -59,6 +59,9 @@ BENCHMARKS = (
     Benchmark("levers", "bench_levers.py",
               "Time to accuracy: the plan's levers (progressive resizing, test-time resolution, "
               "flip TTA) on vs off (issue 42)"),
+    # issue 46: what --aa / --color-jitter / --reprob cost a batch, on the training device
+    Benchmark("augment", "bench_augment.py",
+              "Augmentations after decode (--aa, --color-jitter, --reprob): cost per batch"),
     Benchmark("ddp", "bench_ddp.py", "Several processes (DDP)"),
     Benchmark("loader", "bench_loader.py", "Your own loop: turbotrain.Loader vs train"),
     Benchmark("lightning", "bench_lightning.py", "Lightning: TurbotrainDataModule vs train"),

@@ -102,7 +102,9 @@ class TurbotrainDataModule(pl.LightningDataModule):
                  order: str = AUTO, order_window: int = 4,
                  scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3),
-                 cache_dir: str | None = None, cache_limit: str | None = None):
+                 cache_dir: str | None = None, cache_limit: str | None = None,
+                 aa: str | None = None, color_jitter: float = 0.0, reprob: float = 0.0,
+                 remode: str = "pixel", recount: int = 1):
         super().__init__()
         if val_batch_size is not None and (not isinstance(val_batch_size, int)
                                            or isinstance(val_batch_size, bool)
@@ -118,7 +120,8 @@ class TurbotrainDataModule(pl.LightningDataModule):
                             dtype=dtype, workers=workers, threads=threads, seed=seed,
                             worker_mode=worker_mode, order=order, order_window=order_window,
                             scale=scale, ratio=ratio, cache_dir=cache_dir,
-                            cache_limit=cache_limit)
+                            cache_limit=cache_limit, aa=aa, color_jitter=color_jitter,
+                            reprob=reprob, remode=remode, recount=recount)
         # A bad argument fails here, as one LoaderError line naming it, not at fit time.
         for split, size in ((train_split, batch_size), (val_split, self.val_batch_size)):
             if split is not None:

@@ -92,6 +92,12 @@ FAKES = {
                                          "final_accuracy": 0.9134},
                           "plain_pytorch": {"seconds_to_target": None}},
                          "| plain PyTorch | not reached |"),
+    "augment": ({"device": "cuda", "batch_size": 256, "batches": 10, "rounds": 3, "threads": 16,
+                 "results": [{"policy": "--aa trivial", "image_size": 224, "ours_ms": 4.25,
+                              "ours_images_per_second": 60235.3,
+                              "torchvision": "TrivialAugmentWide()", "torchvision_ms": 85.0,
+                              "speedup": 20.0}]},
+                "| --aa trivial | 224 | 4.25 | 60,235 | TrivialAugmentWide() | 85.00 | 20.00x |"),
     "ddp": ({"global_batch": 64, "rounds": 2, "cores": 2, "results": [
         {"model": "compact28", "layout": "2 processes", "images_per_second": 1710.0,
          "data_wait_fraction": 0.022, "speedup_vs_one_process": 1.71,

@@ -22,6 +22,8 @@ from typing import Iterator
 
 import torch
 
+from turbotrain.augment_policy import AugmentPolicy
+
 from . import augment
 from .order import ORDERS
 from .resolution import ResolutionSchedule
@@ -66,6 +68,10 @@ class PipelineOptions:
     # Progressive resizing (resolution.py; training only): each epoch's batches are
     # `resolution.size(epoch)` px, ending at `image_size` (its max_res). None: always image_size.
     resolution: ResolutionSchedule | None = None
+    # RandAugment / TrivialAugment, colour jitter, random erasing (train --aa, --color-jitter,
+    # --reprob): applied to training batches after decode by every pipeline alike
+    # (after_decode.py). None: none of them.
+    augment: AugmentPolicy | None = None
 
     def __post_init__(self):
         if self.order not in ORDERS:
@@ -95,8 +101,16 @@ class Pipeline(abc.ABC):
     """Base class of every registered pipeline (see the module docstring for the contract)."""
 
     name: str = ""
+    # Whether the class runs options.augment on its training batches (OrderedPipeline does);
+    # one that does not refuses to be built with it rather than train unaugmented silently.
+    applies_augment: bool = False
 
     def __init__(self, dataset, options: PipelineOptions):
+        augments = options.augment is not None and options.augment.enabled
+        if options.train and augments and not self.applies_augment:
+            raise PipelineError(f"the {self.name or type(self).__name__} pipeline does not "
+                                "apply --aa / --color-jitter / --reprob; choose another "
+                                "--pipeline or drop them")
         self.dataset = dataset
         self.options = options
         self.epoch = 0

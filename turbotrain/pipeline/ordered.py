@@ -4,7 +4,9 @@
 ``options.order="quasi-random"``), `__len__`, and the position bookkeeping behind
 `state_dict()`: the batch counter advances as each batch is handed to the caller, so a state
 saved while batch k is being used resumes at batch k + 1. Subclasses only turn a list of index
-batches into device batches (`_produce`).
+batches into device batches (`_produce`). Training batches then go through the
+augmentations after decode (`options.augment`: after_decode.py) here, with the sample indices
+of each batch, so all pipelines apply them alike.
 
 Before each pass it tells the split which shards the remaining batches read, in order
 (``split.will_read(shard_ids)``): a remote split's cache prefetches them and keeps them from
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from . import augment
+from .after_decode import AfterDecode
 from .base import Pipeline, PipelineError, PipelineOptions
 from .order import order_for, shards_in_order
 
@@ -29,6 +32,7 @@ class OrderedPipeline(Pipeline):
     """A Pipeline fed by `order.order_for(dataset, options)`."""
 
     reads_during_epoch = True
+    applies_augment = True  # __iter__ runs options.augment (after_decode.py)
 
     def __init__(self, dataset, options: PipelineOptions):
         super().__init__(dataset, options)
@@ -42,6 +46,13 @@ class OrderedPipeline(Pipeline):
                                 "at one size (--no-progressive)")
         self.order = order_for(dataset, options)
         self.device = torch.device(options.device)
+        policy = options.augment
+        # Fill and noise in the stem's units: the dataset's pixel mean and std.
+        self.after_decode = (AfterDecode(policy, seed=options.seed,
+                                         mean=getattr(dataset, "mean", None),
+                                         std=getattr(dataset, "std", None))
+                             if options.train and policy is not None and policy.enabled
+                             else None)
 
     def __len__(self) -> int:
         return len(self.order)
@@ -50,7 +61,9 @@ class OrderedPipeline(Pipeline):
         epoch = self.epoch
         batches = self.order.batches(epoch)[self.batch_index:]
         self._announce(batches)
-        for images, labels in self._produce(epoch, batches):
+        for indices, (images, labels) in zip(batches, self._produce(epoch, batches)):
+            if self.after_decode is not None:  # the same per-sample draws for every pipeline
+                images = self.after_decode(images, indices, epoch)
             self.batch_index += 1
             yield images, labels
         if self.epoch == epoch:

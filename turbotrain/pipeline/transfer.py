@@ -62,3 +62,14 @@ def _hand_over(batch, device: torch.device):
     images.record_stream(consumer)
     labels.record_stream(consumer)
     return as_nchw(images), labels
+
+
+def host_array_to(array, device: torch.device) -> torch.Tensor:
+    """A small host array (numpy or tensor) on `device` without stalling the host: on CUDA it
+    is copied from pinned memory (torch's caching host allocator reuses the block) and queued
+    on the current stream; from pageable memory the copy would wait for the stream's queued
+    work, the training step included."""
+    host = torch.as_tensor(array)
+    if torch.device(device).type == "cuda":
+        return pinned(host).to(device, non_blocking=True)
+    return host.to(device)

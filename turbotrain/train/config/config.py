@@ -16,6 +16,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 
+from turbotrain import augment_policy
 from turbotrain.sizes import SizeError, parse_size
 
 from ..errors import TrainError
@@ -177,6 +178,24 @@ class TrainConfig:
     ratio: tuple[float, float] = _setting((3 / 4, 4 / 3), "RandomResizedCrop aspect-ratio range "
                                           "LO HI (width / height, drawn log-uniform)", "augment",
                                           shown="3/4 4/3")
+    # timm's flags and spellings (turbotrain/augment_policy.py); applied to the training
+    # batches after decode, the same for every pipeline (pipeline/after_decode.py).
+    aa: str | None = _setting(None, "RandAugment or TrivialAugment, in timm's syntax: "
+                              "rand-m9-mstd0.5 (n ops per image, default 2, at magnitude m of "
+                              "10, std mstd; also -n2, -mmax10, -inc1) or trivial "
+                              "(TrivialAugmentWide); per sample from (seed, epoch, index)",
+                              "augment", shown="none")
+    color_jitter: float = _setting(0.0, "colour jitter: brightness, contrast and saturation "
+                                   "each by a factor in [1 - F, 1 + F], in a random order "
+                                   "(0.4 is timm's); as in timm, not with --aa (0: off)",
+                                   "augment")
+    reprob: float = _setting(0.0, "random erasing: the share of images that get 1..--recount "
+                             "boxes of 2-33 %% of their area erased (0.25 is timm's recipe; "
+                             "0: off)", "augment")
+    remode: str = _setting("pixel", "random erasing's fill: per-pixel normal noise, one "
+                           "normal colour per box (rand), or the dataset mean (const), as "
+                           "timm's", "augment", choices=augment_policy.ERASE_MODES)
+    recount: int = _setting(1, "random erasing: at most this many boxes per image", "augment")
     # -- progressive resizing (pipeline/resolution.py; the plan's rule: plan/resolution.py)
     progressive: bool | None = _setting(None, "progressive resizing: the early epochs train "
                                         "smaller, ramping up to --max-res (FFCV's schedule; "
@@ -314,6 +333,10 @@ class TrainConfig:
             if not (len(pair) == 2 and all(math.isfinite(v) for v in pair)
                     and 0 < pair[0] <= pair[1] <= top):
                 raise TrainError(f"--{name} needs {rule}, not {' '.join(map(str, pair))}")
+        try:
+            self.augment_policy()
+        except augment_policy.AugmentError as exc:
+            raise TrainError(str(exc)) from None
 
     def _validate_weights_settings(self) -> None:
         """--pretrained, --init-from, --freeze-backbone, --layer-decay, --model-kwargs,
@@ -350,6 +373,12 @@ class TrainConfig:
                                           or self.res_ramp is not None):
             raise TrainError("--no-progressive turns off the schedule that --min-res / "
                              "--res-ramp set; drop one")
+
+    def augment_policy(self) -> augment_policy.AugmentPolicy:
+        """--aa, --color-jitter, --reprob, --remode, --recount as one policy (AugmentError when
+        one is out of range)."""
+        return augment_policy.policy(self.aa, reprob=self.reprob, remode=self.remode,
+                                     recount=self.recount, color_jitter=self.color_jitter)
 
     @property
     def from_weights(self) -> bool:

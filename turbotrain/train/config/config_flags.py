@@ -31,7 +31,8 @@ GROUPS = {
 }
 # Flags whose value is not shown well by its type's name.
 METAVARS = {"time_budget": "DURATION", "target_accuracy": "A", "min_res": "PX",
-            "max_res": "PX", "eval_res": "PX"}
+            "max_res": "PX", "eval_res": "PX", "aa": "POLICY", "color_jitter": "F",
+            "reprob": "P", "recount": "N"}
 PAIR_METAVARS = {"res_ramp": ("START", "END")}
 
 

@@ -27,6 +27,7 @@ from typing import Iterator
 
 import torch
 
+from turbotrain import augment_policy
 from turbotrain.datasets import open_dataset
 from turbotrain.pipeline import (PipelineError, PipelineOptions, PipelineUnavailable,
                                  build_pipeline, pipeline_names)
@@ -88,7 +89,8 @@ def pipeline_options(planned: Plan, env: DistEnv, *, train: bool = True,
                            rank=env.rank, world_size=env.world_size,
                            workers=planned.budget.workers, worker_mode=c.worker_mode,
                            scale=c.scale, ratio=c.ratio, order=c.order,
-                           order_window=c.order_window, resolution=schedule)
+                           order_window=c.order_window, resolution=schedule,
+                           augment=c.augment_policy() if train else None)
 
 
 class Loader:
@@ -113,9 +115,15 @@ class Loader:
                  ratio: tuple[float, float] = (3 / 4, 4 / 3),
                  rank: int | None = None, world_size: int | None = None,
                  cache_dir: str | None = None, cache_limit: str | None = None,
-                 min_res: int | None = None, res_ramp: tuple[float, float] | None = None):
+                 min_res: int | None = None, res_ramp: tuple[float, float] | None = None,
+                 aa: str | None = None, color_jitter: float = 0.0, reprob: float = 0.0,
+                 remode: str = "pixel", recount: int = 1):
         _check_arguments(locals())
         env = _process_env(rank, world_size)
+        training = split == "train" if train is None else train
+        # Evaluation batches are never augmented: a val Loader's plan says augment off.
+        augment = (dict(aa=aa, color_jitter=color_jitter, reprob=reprob, remode=remode,
+                        recount=recount) if training else {})
         config = TrainConfig(data=os.fspath(data), pipeline=pipeline, image_size=image_size,
                              progressive=min_res is not None or None, min_res=min_res,
                              res_ramp=None if res_ramp is None else tuple(res_ramp),
@@ -123,14 +131,14 @@ class Loader:
                              seed=seed, workers=workers, threads=threads,
                              worker_mode=worker_mode, order=order, order_window=order_window,
                              scale=tuple(scale), ratio=tuple(ratio), cache_dir=cache_dir,
-                             cache_limit=cache_limit)
+                             cache_limit=cache_limit, **augment)
         dataset = open_dataset(config.data, split=split, cache_dir=cache_dir,
                                cache_limit=cache_limit)
         facts = DatasetFacts.of(dataset)
         machine = detect_machine(env, gpus=config.device != "cpu")
         planned, opened, _ = open_planned(
             config, facts, machine, Observed(), dataset, env, _loader_planner(device),
-            train=split == "train" if train is None else train, drop_last=drop_last)
+            train=training, drop_last=drop_last)
         self._attach(opened, planned, dataset, normalize=normalize, dtype=dtype)
 
     @classmethod
@@ -417,6 +425,11 @@ def _check_arguments(args: dict) -> None:
         fail("worker_mode", "choose one of: auto, threads, processes")
     if args["order"] not in ORDERS:
         fail("order", f"choose one of: {', '.join(ORDERS)}")
+    try:
+        augment_policy.policy(args["aa"], reprob=args["reprob"], remode=args["remode"],
+                              recount=args["recount"], color_jitter=args["color_jitter"])
+    except augment_policy.AugmentError as exc:
+        raise LoaderError(f"Loader({exc.setting}={exc.value!r}): {exc.why}") from None
     for name in ("scale", "ratio"):
         pair = args[name]
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2

@@ -47,6 +47,8 @@ def run_summary(run: Run, c: Counters, ledger: StepLedger, *, outcome: str,
             c.epoch + (1 if c.micro_in_epoch else 0))],
         # How the evaluations ran (plan/eval_rules.py): eval_seconds above is their cost.
         "eval_res": config.eval_res, "tta": config.tta, "blurpool": config.blurpool,
+        # The augmentations after decode (--aa, --color-jitter, --reprob), in words ("off").
+        "augment": config.augment_policy().describe(),
         "batch_size": config.batch_size, "accum_steps": config.accum_steps,
         "lr": config.lr, "optimizer": config.optimizer,
         "workers": run.threads.workers, "torch_threads": run.threads.torch_threads,

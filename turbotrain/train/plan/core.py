@@ -38,6 +38,7 @@ from ..models.models import get_model_spec
 from turbotrain.pipeline import augment
 
 from . import eval_rules, recipe, resolution, rules
+from .augment_rule import augmentation
 from .budget_size import budget_size
 from .decision import labelled
 from .device_choice import device_choices, pick_channels_last, pick_device
@@ -47,7 +48,7 @@ from .rules import BatchSearch, Decision
 
 # The order decisions are printed in at the start of a run.
 ORDER = ("device", "resume", "host_memory", "evaluation", "image_size", "model", "model_kwargs",
-         "progressive", "eval_res", "tta", "batch_size", "accum_steps", "lr",
+         "progressive", "eval_res", "tta", "augment", "batch_size", "accum_steps", "lr",
          "weight_decay", "worker_mode",
          "precision", "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
          "warmup_steps", "warmup")
@@ -145,6 +146,7 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
     config, spec = _model(d, config, facts, device, weights, machine)
     config = _progressive(d, config, facts, spec)
     config = _evaluation(d, config, facts, spec)
+    d["augment"] = augmentation(config.augment_policy(), device)
     channels_last = _decide(d, "channels_last",
                             pick_channels_last(config.channels_last, spec.conv))
     need, room = _resident_room(config, facts, machine, d["device"].value)
@@ -169,9 +171,9 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
 def plan_loader(config: TrainConfig, facts: DatasetFacts, machine: Machine,
                 observed: Observed = Observed()) -> Plan:
     """The decisions a `Loader` (train/engine/loader.py) is opened with, by the rules `plan`
-    applies: device, image size, pipeline, order, worker mode and the split of the cores. A
-    loader has no model, optimizer or schedule, so those rules are not asked (`batch_size`
-    must be set)."""
+    applies: device, image size, augmentation, pipeline, order, worker mode and the split of
+    the cores. A loader has no model, optimizer or schedule, so those rules are not asked
+    (`batch_size` must be set)."""
     d: dict[str, Decision] = {}
     device = _decide(d, "device", pick_device(config.device, machine.gpus, machine.local_rank))
     size = config.image_size
@@ -181,6 +183,7 @@ def plan_loader(config: TrainConfig, facts: DatasetFacts, machine: Machine,
     if config.progressive and config.min_res is not None and config.min_res > size:
         raise TrainError(f"min_res {config.min_res} is above the image size {size}")
     config = config.replace(device=device.type, image_size=size)
+    d["augment"] = augmentation(config.augment_policy(), device.type)
     need, room = _resident_room(config, facts, machine, device)
     pipeline = _pipeline(d, config, machine, observed, need, room)
     config = config.replace(order=_order(d, config, facts, machine, pipeline))

@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from turbotrain.pipeline.transfer import host_array_to
+
 MIX_STREAM = 0x6D6978  # "mix": sets these draws apart from order.py's SeedSequence([seed, epoch])
 NONE, MIXUP, CUTMIX = "none", "mixup", "cutmix"
 
@@ -133,7 +135,7 @@ class Mixer:
         targets = smoothed_one_hot(labels, self.num_classes, self.label_smoothing)
         if plan.kind == NONE:
             return (images.float() if self.floats else images), targets
-        perm = _to_device(plan.perm, images.device)
+        perm = host_array_to(plan.perm, images.device)
         targets = torch.lerp(targets[perm], targets, plan.lam)  # lam * own + (1 - lam) * partner
         if plan.kind == MIXUP:
             pixels = images.float()
@@ -142,15 +144,6 @@ class Mixer:
         mixed = images.clone(memory_format=torch.preserve_format)
         mixed[:, :, top:bottom, left:right] = images[perm, :, top:bottom, left:right]
         return (mixed.float() if self.floats else mixed), targets
-
-
-def _to_device(indices: np.ndarray, device: torch.device) -> torch.Tensor:
-    host = torch.from_numpy(indices)
-    if device.type == "cuda":
-        # Pinned (torch's caching host allocator reuses the block): the copy is queued on the
-        # stream and the host goes on; from pageable memory it would wait for the copy.
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
 
 
 def mixer_for(config, *, num_classes: int, rank: int) -> Mixer | None:
