@@ -119,6 +119,9 @@ def config_from_namespace(args: argparse.Namespace) -> TrainConfig:
                 raise TrainError(f"--resume: no run to continue in {requested['out']} "
                                  "(no config.yaml there)")
             saved = {**BEFORE_IT_EXISTED, **load_yaml(saved_path)}
+    if "epochs" in requested and "early_stop" not in requested:
+        # --epochs given now is the length: the saved run's automatic early stop is not kept.
+        saved.pop("early_stop", None)
     settings = _layer(saved, requested)
     if settings.get("time_budget") is not None and "epochs" not in settings:
         # The budget decides the run's length (budget.fit_budget); --epochs, when given, caps it.

@@ -37,7 +37,7 @@ from ..errors import TrainError
 from ..models.models import get_model_spec
 from turbotrain.pipeline import augment
 
-from . import eval_rules, recipe, resolution, rules
+from . import early_stop, eval_rules, recipe, resolution, rules
 from .budget_size import budget_size
 from .device_choice import device_choices, pick_channels_last, pick_device
 from .facts import DatasetFacts, WeightsFacts
@@ -45,7 +45,7 @@ from .machine import Machine
 from .rules import BatchSearch, Decision
 
 # The order decisions are printed in at the start of a run.
-ORDER = ("device", "resume", "host_memory", "evaluation", "image_size", "model", "model_kwargs",
+ORDER = ("device", "resume", "host_memory", "evaluation", "early_stop", "image_size", "model", "model_kwargs",
          "progressive", "eval_res", "tta", "batch_size", "accum_steps", "lr",
          "weight_decay", "worker_mode",
          "precision", "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
@@ -129,6 +129,10 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
 
     if facts.val_count is None:
         d["evaluation"] = Decision("none", facts.val_missing)
+    epochs, stops = early_stop.run_length(config.epochs, config.early_stop,
+                                          has_val=facts.val_count is not None,
+                                          time_budget=config.time_budget)
+    config = config.replace(epochs=epochs, early_stop=_decide(d, "early_stop", stops))
     weights = _weights(config, observed)
     config, spec = _model(d, config, facts, device, weights, machine)
     config = _progressive(d, config, facts, spec)
