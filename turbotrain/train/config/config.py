@@ -114,7 +114,7 @@ class TrainConfig:
                                   "10, with --early-stop", "optim", shown="auto")
     early_stop: bool | None = _setting(None, "end the run at 100%% val accuracy, or when it has "
                                        "stopped improving late in the LR schedule "
-                                       "(docs/RECIPES.md); auto: on without --epochs (with a "
+                                       "(docs/RUN_LENGTH.md); auto: on without --epochs (with a "
                                        "val split, without --time-budget)", "optim")
     batch_size: int | None = _setting(None, "micro-batch per rank; auto: by device and image "
                                       "size (CUDA 256, CPU 64; 512/128 for images <= 64 px), "

@@ -7,7 +7,7 @@ curve: pure functions of described state (a leaf: it imports only Decision).
 * `stop_reason(...)`: after an epoch's evaluation, whether an early-stopping run ends there:
   at 100 % val accuracy (nothing left to gain), or when the best val accuracy is PATIENCE
   epochs old and the LR is already down to LATE_LR of its peak. A plateau while the LR is high
-  is not enough: a cosine schedule's second half often lifts it (measured: docs/RECIPES.md,
+  is not enough: a cosine schedule's second half often lifts it (measured: docs/RUN_LENGTH.md,
   "Early stopping").
 * `curve_advice(...)`: the end-of-run line that reads the curve ("reached its best at epoch 3
   of 10: `--epochs 3` or `--target-accuracy 0.97`"), whatever stopped the run.

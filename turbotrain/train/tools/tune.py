@@ -15,7 +15,11 @@ the report then says so and names train's own pick, unmeasured.
    fits, and the accumulation that makes up the rest. Then the trainer's step is timed on
    random pixels (its warm-up: oneDNN/cuDNN plans), which prices the model rows of step 3.
 2. Each usable pipeline x worker count, the loader alone (`bench.steady_rate`, images/s),
-   train's own pick (`train --pipeline auto`, the plan's) first.
+   train's own pick (`train --pipeline auto`, the plan's) first. When that pick alone loads
+   3x what the model step trains, the run is compute-bound: no loader row can change its
+   speed, so the sweep stops there (unless --pipeline or --workers chose the rows) and times
+   the levers that do instead, a smaller image size, a lighter model, bf16, a couple of steps
+   each (tune_levers.py); step 3 is skipped.
 3. The fastest loader settings again with the model's training step: the trainer's own
    (loop.make_engine: the GradScaler under fp16, the fused optimizer on CUDA), eager, timed
    by the trainer's own StepClock (compiling would cost most of a budget: ~40-60 s for
