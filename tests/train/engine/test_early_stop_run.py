@@ -48,10 +48,11 @@ def test_given_epochs_are_trained_and_the_advice_reads_the_curve(train_cli, tiny
     assert "early_stop_epoch" not in summary
 
 
-def test_no_early_stop_trains_every_epoch(train_cli, tiny_dataset, tmp_path):
-    out = tmp_path / "run"
-    code, _, err = train_cli("--data", tiny_dataset, "--out", out, "--batch-size", 8,
-                             "--lr", "0.1", "--no-early-stop", "--max-steps", 36, *FAST)
-    assert code == 0, err
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 36 and summary["outcome"] == "max_steps"
+def test_no_early_stop_or_max_steps_train_the_whole_length(train_cli, tiny_dataset, tmp_path):
+    for flags in (["--no-early-stop", "--max-steps", 36], ["--max-steps", 36]):
+        out = tmp_path / "-".join(map(str, flags))
+        code, _, err = train_cli("--data", tiny_dataset, "--out", out, "--batch-size", 8,
+                                 "--lr", "0.1", *flags, *FAST)
+        assert code == 0, err
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["steps"] == 36 and summary["outcome"] == "max_steps", flags

@@ -18,6 +18,8 @@ def test_without_epochs_the_run_stops_early_and_given_epochs_are_trained_whole()
     assert run_length(None, None, has_val=True, time_budget=None)[1].value is True
     epochs, given = run_length(4, None, has_val=True, time_budget=None)
     assert epochs == 4 and given.value is False and "--epochs 4 given" in given.reason
+    steps = run_length(None, None, has_val=True, time_budget=None, max_steps=50)[1]
+    assert steps.value is False and "--max-steps 50 given" in steps.reason
     assert run_length(None, None, has_val=False, time_budget=None)[1].value is False
     assert run_length(None, None, has_val=True, time_budget=60.0)[1].value is False
     # Asked for either way: kept, with --epochs too.

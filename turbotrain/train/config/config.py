@@ -114,8 +114,9 @@ class TrainConfig:
                                   "10, with --early-stop", "optim", shown="auto")
     early_stop: bool | None = _setting(None, "end the run at 100%% val accuracy, or when it has "
                                        "stopped improving late in the LR schedule "
-                                       "(docs/RUN_LENGTH.md); auto: on without --epochs (with a "
-                                       "val split, without --time-budget)", "optim")
+                                       "(docs/RUN_LENGTH.md); auto: on without --epochs and "
+                                       "--max-steps (with a val split, without "
+                                       "--time-budget)", "optim")
     batch_size: int | None = _setting(None, "micro-batch per rank; auto: by device and image "
                                       "size (CUDA 256, CPU 64; 512/128 for images <= 64 px), "
                                       "lowered to the largest that fits in memory, or with "

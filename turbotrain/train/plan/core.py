@@ -131,7 +131,8 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
         d["evaluation"] = Decision("none", facts.val_missing)
     epochs, stops = early_stop.run_length(config.epochs, config.early_stop,
                                           has_val=facts.val_count is not None,
-                                          time_budget=config.time_budget)
+                                          time_budget=config.time_budget,
+                                          max_steps=config.max_steps)
     config = config.replace(epochs=epochs, early_stop=_decide(d, "early_stop", stops))
     weights = _weights(config, observed)
     config, spec = _model(d, config, facts, device, weights, machine)

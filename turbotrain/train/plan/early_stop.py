@@ -2,8 +2,8 @@
 curve: pure functions of described state (a leaf: it imports only Decision).
 
 * `run_length(epochs, ...)`: no `--epochs` means DEFAULT_EPOCHS with early stopping on (when
-  there is a val split to watch and no --time-budget sizing the run); a given `--epochs` is
-  trained whole unless `--early-stop` is asked for too.
+  there is a val split to watch and no --time-budget sizing the run); a given `--epochs` (or
+  `--max-steps`) is trained whole unless `--early-stop` is asked for too.
 * `stop_reason(...)`: after an epoch's evaluation, whether an early-stopping run ends there:
   at 100 % val accuracy (nothing left to gain), or when the best val accuracy is PATIENCE
   epochs old and the LR is already down to LATE_LR of its peak. A plateau while the LR is high
@@ -31,13 +31,15 @@ PERFECT = 1.0  # val accuracy that cannot improve
 
 
 def run_length(epochs: int | None, early_stop: bool | None, *, has_val: bool,
-               time_budget: float | None) -> tuple[int, Decision]:
+               time_budget: float | None, max_steps: int | None = None
+               ) -> tuple[int, Decision]:
     """(the epochs to train, the early-stop decision). `epochs` None: not given."""
     count = DEFAULT_EPOCHS if epochs is None else epochs
     if early_stop is not None:
         return count, Decision(early_stop, "asked for (--early-stop / --no-early-stop)")
-    if epochs is not None:
-        return count, Decision(False, f"--epochs {epochs} given: every epoch is trained "
+    if epochs is not None or max_steps is not None:
+        given = f"--epochs {epochs}" if epochs is not None else f"--max-steps {max_steps}"
+        return count, Decision(False, f"{given} given: the run trains that long "
                                "(--early-stop stops sooner when val accuracy stops improving)")
     if not has_val:
         return count, Decision(False, "no val split: nothing to watch")
