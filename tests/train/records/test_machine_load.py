@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from turbotrain.train.records.doctor import diagnose
 from turbotrain.train.records.machine_load import (LoadWatch, LoadWindow, busy_machine,
-                                                   read_cpu_times)
+                                                   read_cpu_times, shared_throughout)
 
 from .test_doctor import facts
 
@@ -67,3 +67,18 @@ def test_proc_stat_steal_and_the_watch(tmp_path):
     watch.sample(seconds=2.0, steps=4, data_wait=0.5)
     watch.sample(seconds=0.0, steps=0, data_wait=0.0)  # an empty window: nothing kept
     assert watch.windows == [LoadWindow(2.0, 4, 0.25, 3.5, 0.2)]
+
+
+def test_a_machine_shared_all_run_says_so_instead_of_going_smaller():
+    """No quiet window (the load never left): no jump to see, but no step time is the
+    model's own either."""
+    loaded = tuple(LoadWindow(seconds=100.0, steps=20, data_wait=0.01, load=12.0, steal=0.0)
+                   for _ in range(5))
+    assert shared_throughout(list(loaded), own_threads=2, cores=2) == 12.0
+    assert shared_throughout([QUIET] * 5, own_threads=2, cores=2) is None
+    d = diagnose(facts(data_wait=0.1, compute=9.8, torch_threads=2, workers=0, cores=2,
+                       load_windows=loaded))
+    assert d.verdict == "compute-bound"
+    assert "the machine was shared all run (load average 12.0 on 2 cores" in d.headline
+    assert d.next_steps[0].startswith("measure on a quiet machine before changing the model")
+    assert not any("smaller `--image-size`" in s or "nothing obvious" in s for s in d.next_steps)

@@ -31,7 +31,7 @@ from ..models.models import get_model_spec
 from ..plan.facts import jpeg_fraction, largest_side
 from ..plan.hardware import cpu_native_bf16
 from ..step.device import device_memory_bytes, peak_device_memory_bytes
-from .machine_load import LoadWindow, busy_machine
+from .machine_load import LoadWindow, busy_machine, shared_throughout
 from .verdict import HOST_ISSUE_BOUND, verdict_of
 
 SOME_INPUT_WAIT = 0.05  # below this the loader is keeping up
@@ -125,8 +125,19 @@ def diagnose(f: Facts) -> Diagnosis:
                          numbers, _host_steps(f))
     note = (f"; {wait:.0%} still waits for data" if wait >= SOME_INPUT_WAIT
             else ": the loader is not your problem")
+    steps = _compute_steps(f, wait)
+    shared = shared_throughout(list(f.load_windows), own_threads=f.torch_threads + f.workers,
+                               cores=f.cores)
+    if shared is not None:  # no quiet window to judge the model by: say so, not "go smaller"
+        numbers["load_average"] = shared
+        note += (f"; the machine was shared all run (load average {shared:.1f} on {f.cores} "
+                 f"cores, {f.torch_threads + f.workers} threads of it this run's)")
+        steps = [s for s in steps
+                 if not s.startswith(("a smaller `--image-size`", "nothing obvious left"))]
+        steps.insert(0, "measure on a quiet machine before changing the model: these step "
+                     "times are the shared machine's, not the model's")
     return Diagnosis("compute-bound", f"compute-bound at {compute:.0%}{note}{rate}",
-                     numbers, _compute_steps(f, wait))
+                     numbers, steps)
 
 
 def _busy_diagnosis(f: Facts, busy, verdict: str, numbers: dict) -> Diagnosis:

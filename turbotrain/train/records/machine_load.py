@@ -24,6 +24,9 @@ BUSY_SHARE = 0.25
 # one more core's worth of work competing for the cores.
 OUTSIDE_LOAD = 1.0
 STEAL = 0.05  # CPU time taken by the hypervisor for other guests
+# Outside load of at least this share of the cores for the whole run: the run had about half
+# the machine or less at every step, so its steps are no measure of the model.
+SHARED_CORES = 0.5
 QUIET_QUANTILE = 0.25  # the run's own pace: its faster windows'
 MAX_WINDOWS = 512  # kept: when full, every other one is dropped (a few KB)
 PROC_STAT = Path("/proc/stat")
@@ -74,6 +77,18 @@ def busy_machine(windows: list[LoadWindow], *, own_threads: int) -> Busy | None:
     slow_paces = sorted(w.step_seconds for w in slow)
     return Busy(quiet_step=quiet, slow_step=slow_paces[len(slow_paces) // 2],
                 slow_share=share, load=load, steal=steal)
+
+
+def shared_throughout(windows: list[LoadWindow], *, own_threads: int, cores: int
+                      ) -> float | None:
+    """The median load average when, all run long, other work kept at least half the cores
+    (and OUTSIDE_LOAD) busy: no window is quiet, so no step time is this model's own (None:
+    it was not, or the load is not known here)."""
+    loads = sorted(w.load for w in windows if w.load is not None and w.steps > 0)
+    if len(loads) < 3:
+        return None
+    median = loads[len(loads) // 2]
+    return median if median - own_threads >= max(OUTSIDE_LOAD, SHARED_CORES * cores) else None
 
 
 def read_cpu_times(path: Path = PROC_STAT) -> tuple[int, int] | None:
