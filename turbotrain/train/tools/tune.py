@@ -53,7 +53,7 @@ from ..records.profiling import StepClock
 from ..step.device import apply_torch_threads
 from ..step.distributed import dist_env_from_environ
 from ..step.loop import StepSettings, make_engine
-from .tune_levers import compute_bound, levers, time_levers
+from .tune_levers import compute_bound, time_levers
 from .tune_report import Row, against_pick, best_row, format_report, train_command
 from .tune_sweeps import (LOADER_BATCHES, MAX_MODEL_ROWS, MODEL_STEPS, WARMUP_BATCHES,
                           loader_sweep, model_rows, model_sweep)
@@ -345,7 +345,7 @@ class Sweep:
                 if self.compute_bound is None:
                     model_sweep(self, model_rows(rows, self.pick), engine, batch, step, bar)
                 else:
-                    found = self._levers(batch, step)
+                    found = time_levers(self, batch, step)
         finally:
             bar.close()
             self.torch.set_num_threads(self.torch_threads_before)
@@ -385,17 +385,6 @@ class Sweep:
         row.train_images_per_second, row.data_wait_fraction = batch / step, 0.0
         row.note = (row.note + "; " if row.note else "") + "train img/s: the model step's"
         return True
-
-    def _levers(self, batch: int, step: float):
-        """The compute-bound run's levers, each step timed (tune_levers.py)."""
-        spec, config = self.spec, self.plan.config
-        found = levers(model=spec.name, image_size=self.image_size,
-                       precision=self.precision, any_size=spec.any_size and spec.conv,
-                       device_type=self.device.type,
-                       bf16_capable=self.machine.cpu_bf16 if self.device.type == "cpu"
-                       else True)
-        time_levers(self, found, batch, step, eager=bool(config.compile))
-        return found
 
     def _threads_for(self, workers: int) -> int:
         return self.row_plan("auto", workers).budget.torch_threads

@@ -61,10 +61,14 @@ def levers(*, model: str, image_size: int, precision: str, any_size: bool, devic
     return found
 
 
-def time_levers(sweep, found: list[Lever], batch: int, base_step: float, *,
-                eager: bool = False) -> None:
-    """Each lever's step timed by `sweep` (tune.Sweep) while its budget lasts; `eager`: train
-    compiles its step, tune times it eager (the ratio is eager's)."""
+def time_levers(sweep, batch: int, base_step: float) -> list[Lever]:
+    """The levers of `sweep`'s plan (tune.Sweep), each step timed while its budget lasts.
+    Where train compiles its step, tune times it eager: the ratio is eager's, and says so."""
+    spec, device = sweep.spec, sweep.device
+    found = levers(model=spec.name, image_size=sweep.image_size, precision=sweep.precision,
+                   any_size=spec.any_size and spec.conv, device_type=device.type,
+                   bf16_capable=sweep.machine.cpu_bf16 if device.type == "cpu" else True)
+    eager = bool(sweep.plan.config.compile)
     for lever in found:
         if sweep.seconds_left() < 3 * base_step:
             lever.note = "skipped: out of time (raise --budget-seconds)"
@@ -76,6 +80,7 @@ def time_levers(sweep, found: list[Lever], batch: int, base_step: float, *,
         lever.note = ("eager; " if eager else "") + (
             ACCURACY_NOTE if "precision" not in lever.changes
             else "bf16 autocast: accuracy usually within noise of fp32")
+    return found
 
 
 def report_lines(result: dict) -> list[str]:
