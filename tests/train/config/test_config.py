@@ -135,3 +135,16 @@ def test_the_image_size_help_and_the_readme_state_the_plans_rule():
     said = " or ".join(map(str, sizes)) + ", as the budget allows"
     assert f"with --time-budget on a CPU (and --model auto), {said}" in text
     assert f"with `--time-budget` on a CPU (and `--model auto`), {said}" in row
+
+
+def test_epochs_given_on_resume_are_trained_whole(tmp_path):
+    """A run saved with the automatic early stop: a new --epochs is the length the user wants,
+    without the stop; resumed as it was, it keeps it."""
+    save_yaml(TrainConfig(data="d", epochs=10, early_stop=True), tmp_path / "config.yaml")
+    assert config_from_namespace(parse("--out", tmp_path, "--resume")).early_stop is True
+    longer = config_from_namespace(parse("--out", tmp_path, "--resume", "--epochs", 20))
+    assert longer.epochs == 20 and longer.early_stop is None  # the plan: --epochs given, off
+    both = config_from_namespace(parse("--out", tmp_path, "--resume", "--epochs", 20,
+                                       "--early-stop"))
+    assert both.early_stop is True
+    assert config_from_namespace(parse("--data", "d")).epochs is None  # not given: the plan's

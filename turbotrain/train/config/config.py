@@ -111,7 +111,13 @@ class TrainConfig:
                                   "F times the LR of the one above it (0.65-0.75 is usual for "
                                   "ViTs; 1: off)", "weights", shown="1 (off)")
     # -- optimisation
-    epochs: int = _setting(10, "passes over the train split", "optim")
+    epochs: int | None = _setting(None, "passes over the train split; auto (not given): up to "
+                                  "10, with --early-stop", "optim", shown="auto")
+    early_stop: bool | None = _setting(None, "end the run at 100%% val accuracy, or when it has "
+                                       "stopped improving late in the LR schedule "
+                                       "(docs/RUN_LENGTH.md); auto: on without --epochs and "
+                                       "--max-steps (with a val split, without "
+                                       "--time-budget)", "optim")
     batch_size: int | None = _setting(None, "micro-batch per rank; auto: by device and image "
                                       "size (CUDA 256, CPU 64; 512/128 for images <= 64 px), "
                                       "lowered to the largest that fits in memory, or with "

@@ -138,6 +138,9 @@ def config_and_sources(args: argparse.Namespace) -> tuple[TrainConfig, dict[str,
                 raise TrainError(f"--resume: no run to continue in {requested['out']} "
                                  "(no config.yaml there)")
             saved = {**BEFORE_IT_EXISTED, **load_yaml(saved_path)}
+    if ("epochs" in requested or "max_steps" in requested) and "early_stop" not in requested:
+        # A length given now is the length: the saved run's automatic early stop is not kept.
+        saved.pop("early_stop", None)
     settings = _layer(saved, requested)
     if settings.get("time_budget") is not None and "epochs" not in settings:
         # The budget decides the run's length (budget.fit_budget); --epochs, when given, caps it.

@@ -1,4 +1,5 @@
-"""How long a run lasts beyond --epochs and --max-steps: `--time-budget` and `--target-accuracy`.
+"""How long a run lasts beyond --epochs and --max-steps: `--time-budget`, `--target-accuracy`
+and `--early-stop` (the rule: plan/early_stop.py), and what the learning curve says at the end.
 
 The budget: the steps after the warm-up ones are timed one by one (for 8 % of the budget, 2 s
 at least, 5 to 200 steps; intervals that hold an evaluation left out), `budget.fit_budget`
@@ -13,8 +14,10 @@ length, its schedule and its cap are kept in the Counters (checkpoint), so a res
 them and goes on keeping time.
 
 The target: checked at each evaluation; the run stops at the first one that reaches it, and
-the summary says so and that the schedule was cut there. Both stops are written to
-metrics.jsonl (a `stop` record), which curves.png and timeline.png mark.
+the summary says so and that the schedule was cut there. Early stopping: checked after each
+epoch's evaluation, from the counters alone (the best val accuracy's step, the LR now), so a
+resumed run decides the same. Each stop is written to metrics.jsonl (a `stop` record), which
+curves.png and timeline.png mark.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..plan import recipe
+from ..plan import early_stop, recipe
 from ..plan.budget import (MEASURED_SECONDS, MEASURED_SHARE, correction_steps, eval_seconds,
                            fit_budget, measure_checks, measured_enough, pixel_cost,
                            typical_step_seconds)
@@ -58,6 +61,7 @@ class RunLength:
         self._eval_s = 0.0  # the evaluation's predicted seconds, until one is measured
         self._provisional_steps: int | None = None
         self.fit_reason: str | None = None
+        self.early_stop_reason: str | None = None  # None after a resume: the counters say when
         # Progressive resizing: a step of epoch e costs step_cost(e) final-size steps, so the
         # pace is measured per final-size step and each epoch predicted at its own size.
         schedule = schedule_of(run.config)
@@ -251,11 +255,46 @@ class RunLength:
             c.target_epoch, c.target_step = ended, c.last_eval_step
         return c.target_epoch >= 0
 
+    # ------------------------------------------------------------------ early stopping
+
+    def _best_epoch(self, c: Counters) -> int:
+        """The 1-based epoch whose evaluation gave the best val accuracy (0: none yet)."""
+        if c.best_step < 0:
+            return 0
+        return max(1, math.ceil(c.best_step / max(1, self.run.steps_per_epoch)))
+
+    def plateaued(self, c: Counters) -> bool:
+        """Whether --early-stop ends the run after the epoch just evaluated (noted once)."""
+        if c.early_stop_epoch >= 0:
+            return True
+        config = self.run.config
+        if not config.early_stop or c.micro_in_epoch != 0 or c.epoch >= config.epochs:
+            return False
+        schedule = self.run.engine.schedule
+        why = early_stop.stop_reason(
+            epochs_done=c.epoch, best_epoch=self._best_epoch(c),
+            best_accuracy=c.best_val_accuracy,
+            lr_share=1.0 if schedule is None else schedule.lr(c.step))
+        if why is not None:
+            c.early_stop_epoch = c.epoch
+            self.early_stop_reason = why
+        return why is not None
+
+    def curve_advice(self, c: Counters) -> str | None:
+        """The end-of-run line that reads the learning curve (plan/early_stop.py)."""
+        last = (c.val or {}).get("val_accuracy")
+        gain = (last - c.previous_val_accuracy
+                if last is not None and c.previous_val_accuracy >= 0 else None)
+        return early_stop.curve_advice(best_epoch=self._best_epoch(c),
+                                       best_accuracy=c.best_val_accuracy,
+                                       epochs_done=c.epoch, epochs_planned=self.run.config.epochs,
+                                       last_gain=gain)
+
     # ------------------------------------------------------------------ the record
 
     def stop_record(self, c: Counters, outcome: str, epoch_float: float) -> dict | None:
         """metrics.jsonl's `stop` record for a run the budget or the target ended."""
-        if outcome not in ("target_accuracy", "time_budget"):
+        if outcome not in ("target_accuracy", "time_budget", "early_stop"):
             return None
         return {"kind": "stop", "reason": outcome, "step": c.step, "epoch_float": epoch_float}
 
@@ -304,6 +343,15 @@ class RunLength:
             else:
                 lines.append(f"target accuracy {self.target:.2%} not reached "
                              f"(best {max(c.best_val_accuracy, 0.0):.2%})")
+        if c.early_stop_epoch >= 0:
+            why = self.early_stop_reason or "decided before the resume"
+            out.update(early_stop_epoch=c.early_stop_epoch, early_stop_reason=why)
+            lines.append(f"early stop after epoch {c.early_stop_epoch} of "
+                         f"{self.run.config.epochs}: {why} (--no-early-stop trains them all)")
+        advice = self.curve_advice(c)
+        out["curve_advice"] = advice
+        if advice is not None:
+            lines.append(advice)
         return {"entries": out, "lines": lines}
 
 

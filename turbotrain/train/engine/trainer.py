@@ -85,7 +85,7 @@ class Trainer:
         outcome = "completed"
         with ckpt.StopRequest() as stop:
             while c.epoch < self.config.epochs and c.step < run.total_steps \
-                    and not self.length.reached(c):
+                    and not self.length.reached(c) and not self.length.plateaued(c):
                 finished_epoch = self._train_epoch(stop)
                 if not finished_epoch:
                     outcome = "max_steps"
@@ -97,6 +97,8 @@ class Trainer:
                 outcome = "time_budget"  # the budget set the run's length
             if self.length.reached(c) and c.step < run.total_steps:
                 outcome = "target_accuracy"
+            elif self.length.plateaued(c) and c.step < run.total_steps:
+                outcome = "early_stop"
             if c.last_eval_step != c.step:
                 self._evaluate(record_epoch=False)
                 self._checkpoint()
@@ -287,6 +289,7 @@ class Trainer:
                           tta=run.config.tta)
         spent = c.eval_seconds
         c.eval_seconds += result.pop("eval_seconds")
+        c.previous_val_accuracy = (c.val or {}).get("val_accuracy", -1.0)
         c.val = result
         c.last_eval_step = c.step
         self.keeper.evaluated(c, result)  # the EMA weights' evaluation, when kept, adds to it

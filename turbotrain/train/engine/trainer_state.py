@@ -55,6 +55,8 @@ class Counters:
     lr_anchor_progress: float = 0.0
     target_epoch: int = -1  # the epoch (0-based) whose evaluation reached --target-accuracy
     target_step: int = -1
+    early_stop_epoch: int = -1  # epochs done when --early-stop ended the run (-1: it did not)
+    previous_val_accuracy: float = -1.0  # the evaluation's before the latest (the curve's slope)
 
 
 def _saved_counters(saved: dict) -> Counters:

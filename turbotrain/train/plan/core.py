@@ -37,7 +37,7 @@ from ..errors import TrainError
 from ..models.models import get_model_spec
 from turbotrain.pipeline import augment
 
-from . import eval_rules, recipe, resolution, rules
+from . import early_stop, eval_rules, recipe, resolution, rules
 from .augment_rule import augmentation
 from .budget_size import budget_size
 from .decision import labelled
@@ -47,10 +47,9 @@ from .machine import Machine
 from .rules import BatchSearch, Decision
 
 # The order decisions are printed in at the start of a run.
-ORDER = ("device", "resume", "host_memory", "evaluation", "image_size", "model", "model_kwargs",
-         "progressive", "eval_res", "tta", "augment", "batch_size", "accum_steps", "lr",
-         "weight_decay", "worker_mode",
-         "precision", "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
+ORDER = ("device", "resume", "host_memory", "evaluation", "early_stop", "image_size", "model",
+         "model_kwargs", "progressive", "eval_res", "tta", "augment", "batch_size", "accum_steps",
+         "lr", "weight_decay", "worker_mode", "precision", "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
          "warmup_steps", "warmup")
 _NOT_LISTED = object()
 
@@ -142,6 +141,11 @@ def plan(config: TrainConfig, facts: DatasetFacts | None, machine: Machine,
         # has a val split: a warning, not an error (no flag turns evaluation off otherwise).
         d["evaluation"] = Decision("none", facts.val_missing,
                                    warning=facts.val_missing if facts.val_meant else "")
+    epochs, stops = early_stop.run_length(config.epochs, config.early_stop,
+                                          has_val=facts.val_count is not None,
+                                          time_budget=config.time_budget,
+                                          max_steps=config.max_steps)
+    config = config.replace(epochs=epochs, early_stop=_decide(d, "early_stop", stops))
     weights = _weights(config, observed)
     config, spec = _model(d, config, facts, device, weights, machine)
     config = _progressive(d, config, facts, spec)

@@ -9,7 +9,9 @@ summary.json under "diagnosis":
 * host-bound (CUDA): the GPU finishes each step right after the host's last launch, i.e. the GPU
   waits for Python; on any device also when the loop's own overhead (outside data and compute)
   takes at least HOST_BOUND of the time;
-* compute-bound: otherwise — the forward/backward/step is the limit.
+* compute-bound: otherwise — the forward/backward/step is the limit;
+* machine-busy: instead of compute- or host-bound, when the steps slowed with no data wait
+  while other work loaded the machine (machine_load.py): a smaller model would not help.
 
 The advice names pipelines by what they declared (pipeline/registry.py): the one that holds the
 decoded split (resident), the one that decodes on the GPU (dali); worker advice is for
@@ -29,6 +31,7 @@ from ..models.models import get_model_spec
 from ..plan.facts import jpeg_fraction, largest_side
 from ..plan.hardware import cpu_native_bf16
 from ..step.device import device_memory_bytes, peak_device_memory_bytes
+from .machine_load import LoadWindow, busy_machine, shared_throughout
 from .verdict import HOST_ISSUE_BOUND, verdict_of
 
 SOME_INPUT_WAIT = 0.05  # below this the loader is keeping up
@@ -67,11 +70,12 @@ class Facts:
     peak_device_memory: int | None = None
     device_memory: int | None = None
     log_every: int = 20
+    load_windows: tuple[LoadWindow, ...] = ()  # each log window's pace and the machine's load
 
 
 @dataclass
 class Diagnosis:
-    verdict: str  # "input-bound", "compute-bound", "host-bound" or "unknown"
+    verdict: str  # "input-bound", "compute-bound", "host-bound", "machine-busy" or "unknown"
     headline: str  # one line with the numbers behind the verdict
     numbers: dict = field(default_factory=dict)
     next_steps: list[str] = field(default_factory=list)
@@ -103,6 +107,9 @@ def diagnose(f: Facts) -> Diagnosis:
                "host_issue_fraction": f.host_issue_fraction}
     rate = f"; {f.images_per_second:,.0f} images/s" if f.images_per_second else ""
     verdict = verdict_of(wait, compute, host_issue_fraction=f.host_issue_fraction)
+    busy = busy_machine(list(f.load_windows), own_threads=f.torch_threads + f.workers)
+    if verdict != "input-bound" and busy is not None:
+        return _busy_diagnosis(f, busy, verdict, numbers)
     if verdict == "input-bound":
         return Diagnosis("input-bound", f"input-bound: {wait:.0%} of each step waits for data "
                          f"({numbers['data_wait_ms']:.1f} of {step_ms:.1f} ms){rate}",
@@ -118,8 +125,43 @@ def diagnose(f: Facts) -> Diagnosis:
                          numbers, _host_steps(f))
     note = (f"; {wait:.0%} still waits for data" if wait >= SOME_INPUT_WAIT
             else ": the loader is not your problem")
+    steps = _compute_steps(f, wait)
+    shared = shared_throughout(list(f.load_windows), own_threads=f.torch_threads + f.workers,
+                               cores=f.cores)
+    if shared is not None:  # no quiet window to judge the model by: say so, not "go smaller"
+        numbers["load_average"] = shared
+        note += (f"; the machine was shared all run (load average {shared:.1f} on {f.cores} "
+                 f"cores, {f.torch_threads + f.workers} threads of it this run's)")
+        steps = [s for s in steps
+                 if not s.startswith(("a smaller `--image-size`", "nothing obvious left"))]
+        steps.insert(0, "measure on a quiet machine before changing the model: these step "
+                     "times are the shared machine's, not the model's")
     return Diagnosis("compute-bound", f"compute-bound at {compute:.0%}{note}{rate}",
-                     numbers, _compute_steps(f, wait))
+                     numbers, steps)
+
+
+def _busy_diagnosis(f: Facts, busy, verdict: str, numbers: dict) -> Diagnosis:
+    """The steps slowed while other work loaded the machine: the verdict says so, with what
+    the run measured when the machine was quiet, instead of advice about the model."""
+    load = (f"load average up to {busy.load:.1f} on {f.cores} cores, "
+            f"{f.torch_threads + f.workers} threads of it this run's" if busy.load is not None
+            else "")
+    steal = (f"{busy.steal:.0%} of the CPU time stolen by the hypervisor"
+             if busy.steal is not None and busy.steal >= 0.01 else "")
+    why = "; ".join(part for part in (load, steal) if part)
+    numbers = {**numbers, "quiet_step_ms": round(1000 * busy.quiet_step, 3),
+               "busy_step_ms": round(1000 * busy.slow_step, 3),
+               "busy_share": round(busy.slow_share, 4), "load_average": busy.load,
+               "steal_fraction": busy.steal, "shares_verdict": verdict}
+    headline = (f"machine busy: steps took {1000 * busy.slow_step:,.0f} ms for "
+                f"{busy.slow_share:.0%} of the run against {1000 * busy.quiet_step:,.0f} ms "
+                f"while it was quiet, with no data wait: other work held the cores ({why})")
+    steps = [f"judge the run by its quiet pace ({1000 * busy.quiet_step:,.0f} ms a step) or "
+             "rerun on a quiet machine before changing the model: a smaller one would not "
+             "free the cores",
+             "see what else runs (`uptime`, `top`), or give the run cores of its own "
+             "(`taskset -c`, a scheduler's exclusive allocation)"]
+    return Diagnosis("machine-busy", headline, numbers, steps)
 
 
 def _holder() -> str | None:
@@ -204,9 +246,9 @@ def _host_steps(f: Facts) -> list[str]:
 
 # ---------------------------------------------------------------------------- from a run
 
-def facts_of_run(run, ledger) -> Facts:
+def facts_of_run(run, ledger, load_windows: list[LoadWindow] = ()) -> Facts:
     """`run`: builder.Run; `ledger`: its ledger.StepLedger, the same totals summary.json's
-    throughput and data-wait fraction come from."""
+    throughput and data-wait fraction come from; `load_windows`: the monitor's LoadWatch's."""
     config, device = run.config, run.device
     dataset = getattr(run.train_pipeline, "dataset", None)
     if device.type == "cuda":
@@ -229,7 +271,8 @@ def facts_of_run(run, ledger) -> Facts:
         dali_usable=_usable(_gpu_decoder(), dataset, run),
         resident_fits=dataset is not None and _usable(_holder(), dataset, run),
         peak_device_memory=peak_device_memory_bytes(device),
-        device_memory=device_memory_bytes(device), log_every=config.log_every)
+        device_memory=device_memory_bytes(device), log_every=config.log_every,
+        load_windows=tuple(load_windows))
 
 
 def _usable(name: str | None, dataset, run) -> bool:

@@ -16,6 +16,7 @@ import torch
 from ..step.device import peak_device_memory_bytes, peak_host_memory_bytes
 from .doctor import Diagnosis, diagnose, facts_of_run
 from .ledger import StepLedger
+from .machine_load import LoadWatch
 from .profiling import StepClock, TraceWindow, WindowTimes
 from .timeline import TIMELINE_NAME, StepTimeline
 
@@ -38,6 +39,7 @@ class RunMonitor:
                                   steps=PROFILE_STEPS) if profile and writes_files else None)
         self.process_step = 0  # optimizer steps done by this process
         self.last_window: WindowTimes | None = None
+        self.load = LoadWatch()  # each window's pace beside the machine's load (the verdict's)
 
     # ------------------------------------------------------------------ the hot loop
 
@@ -90,6 +92,7 @@ class RunMonitor:
         timeline); the caller books them in its ledger."""
         window = self.last_window = self.clock.flush()
         self.timeline.add(window.steps)
+        self.load.sample(window.seconds, len(window.steps), window.data_wait)
         return window
 
     def window_record(self) -> dict:
@@ -114,7 +117,7 @@ class RunMonitor:
         files = self.trace.stop() if self.trace is not None else []
         diagnosis = None
         if self.writes_files:
-            diagnosis = diagnose(facts_of_run(run, ledger))
+            diagnosis = diagnose(facts_of_run(run, ledger, self.load.windows))
             title = f"{run.config.model}, {run.pipeline_name} pipeline, batch " \
                     f"{run.config.batch_size} on {self.device}"
             picture = self.timeline.plot(self.run_dir / TIMELINE_NAME, title)

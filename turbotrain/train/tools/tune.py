@@ -15,7 +15,11 @@ the report then says so and names train's own pick, unmeasured.
    fits, and the accumulation that makes up the rest. Then the trainer's step is timed on
    random pixels (its warm-up: oneDNN/cuDNN plans), which prices the model rows of step 3.
 2. Each usable pipeline x worker count, the loader alone (`bench.steady_rate`, images/s),
-   train's own pick (`train --pipeline auto`, the plan's) first.
+   train's own pick (`train --pipeline auto`, the plan's) first. When that pick alone loads
+   3x what the model step trains, the run is compute-bound: no loader row can change its
+   speed, so the sweep stops there (unless --pipeline or --workers chose the rows) and times
+   the levers that do instead, a smaller image size, a lighter model, bf16, a couple of steps
+   each (tune_levers.py); step 3 is skipped.
 3. The fastest loader settings again with the model's training step: the trainer's own
    (loop.make_engine: the GradScaler under fp16, the fused optimizer on CUDA), eager, timed
    by the trainer's own StepClock (compiling would cost most of a budget: ~40-60 s for
@@ -49,6 +53,7 @@ from ..records.profiling import StepClock
 from ..step.device import apply_torch_threads
 from ..step.distributed import dist_env_from_environ
 from ..step.loop import StepSettings, make_engine
+from .tune_levers import compute_bound, time_levers
 from .tune_report import Row, against_pick, best_row, format_report, train_command
 from .tune_sweeps import (LOADER_BATCHES, MAX_MODEL_ROWS, MODEL_STEPS, WARMUP_BATCHES,
                           loader_sweep, model_rows, model_sweep)
@@ -136,6 +141,7 @@ class Sweep:
         # its warm-up batches, closing it), measured as the sweep goes: what prices the next.
         self.overhead: dict[str, float] = {}
         self.crossed: str | None = None  # what ran past the deadline, for the report
+        self.compute_bound: str | None = None  # why the loader sweep stopped early
 
     def row_plan(self, name: str, workers: int, opened=None):
         """train's plan with `--pipeline name --workers workers` (and, once it is open, what the
@@ -157,8 +163,8 @@ class Sweep:
         """The pipeline `train --pipeline auto` takes here: the plan's."""
         return self.plan.config.pipeline
 
-    def build_model(self):
-        return build_model(self.spec, self.dataset.num_classes, self.dataset.mean,
+    def build_model(self, spec=None):
+        return build_model(spec or self.spec, self.dataset.num_classes, self.dataset.mean,
                            self.dataset.std)
 
     # ------------------------------------------------------------------ 1. batch
@@ -262,27 +268,31 @@ class Sweep:
         row.data_wait_fraction = window.data_wait / window.seconds
         return window.seconds
 
-    def step_settings(self):
+    def step_settings(self, planned=None):
         """train's step for this plan (loop.StepSettings): its optimizer, precision, label
         smoothing and clipping, one micro-batch per step. The LR is tiny and constant: only the
-        speed is measured, on one model for every row."""
-        return StepSettings.of(self.plan).replace(
-            lr=1e-4, accum_steps=1, weight_decay=self.plan.config.weight_decay or 0.0)
+        speed is measured, on one model for every row. `planned`: a lever's plan instead."""
+        planned = planned or self.plan
+        return StepSettings.of(planned).replace(
+            lr=1e-4, accum_steps=1, weight_decay=planned.config.weight_decay or 0.0)
 
-    def engine(self):
-        """train's step for this plan (loop.make_engine, as builder.py makes it)."""
-        settings = self.step_settings()
-        model = self.build_model().to(self.device, memory_format=settings.memory_format)
-        return make_engine(model, settings)
+    def engine(self, planned=None):
+        """train's step for this plan (loop.make_engine, as builder.py makes it), or for
+        `planned`, a lever's (tune_levers.py)."""
+        settings = self.step_settings(planned)
+        model = self.build_model(planned.spec if planned else None)
+        return make_engine(model.to(self.device, memory_format=settings.memory_format),
+                           settings)
 
-    def step_seconds(self, engine, batch: int) -> float:
+    def step_seconds(self, engine, batch: int, image_size: int | None = None) -> float:
         """One training step's seconds at `batch` on random pixels, with train's own thread
         split, after a warm-up step (oneDNN/cuDNN plans, the allocator): what prices a model
         row. Past the deadline it stops after the first step, whose time (warm-up included)
         then overstates a step: rows are skipped, not overrun."""
         torch = self.torch
-        images = torch.randint(0, 256, (batch, 3, self.image_size, self.image_size),
-                               dtype=torch.uint8, device=self.device)
+        size = image_size or self.image_size
+        images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8,
+                               device=self.device)
         labels = torch.randint(0, self.dataset.num_classes, (batch,), device=self.device)
         apply_torch_threads(self.plan.config.threads)
         seconds = 0.0
@@ -327,10 +337,15 @@ class Sweep:
         rows = self.rows()
         bar = tqdm(total=len(rows) + min(len(rows), MAX_MODEL_ROWS), unit="test", file=sys.stderr,
                    disable=not progress, desc="tune")
+        found = []
         try:
-            loader_sweep(self, rows, batch, bar)
+            loader_sweep(self, rows, batch, bar,
+                         settled=lambda row: self._loaders_settled(row, batch, step))
             if engine is not None:
-                model_sweep(self, model_rows(rows, self.pick), engine, batch, step, bar)
+                if self.compute_bound is None:
+                    model_sweep(self, model_rows(rows, self.pick), engine, batch, step, bar)
+                else:
+                    found = time_levers(self, batch, step)
         finally:
             bar.close()
             self.torch.set_num_threads(self.torch_threads_before)
@@ -351,8 +366,25 @@ class Sweep:
                 "best": asdict(best) if best else None,
                 "train_pick": {"pipeline": self.pick, "reason": self.plan["pipeline"].reason},
                 "differs": against_pick(best, rows, self.pick),
+                "compute_bound": self.compute_bound,
+                "levers": [lever.as_dict() for lever in found],
                 "command": train_command(self.args.data, chosen, plan,
                                          device_type=self.device.type, asked=asked)}
+
+    def _loaders_settled(self, row: Row, batch: int, step: float | None) -> bool:
+        """Whether train's pick, just measured alone, loads so far beyond the model step that
+        no other loader row can matter (tune_levers.py); a sweep the user chose (--pipeline,
+        --workers) runs whole."""
+        if self.args.pipeline or self.args.workers or row.pipeline != self.pick:
+            return False
+        self.compute_bound = compute_bound(row.loader_images_per_second, step, batch,
+                                           self.pick)
+        if self.compute_bound is None:
+            return False
+        # The loader cannot slow the step: the row trains at the step's own rate.
+        row.train_images_per_second, row.data_wait_fraction = batch / step, 0.0
+        row.note = (row.note + "; " if row.note else "") + "train img/s: the model step's"
+        return True
 
     def _threads_for(self, workers: int) -> int:
         return self.row_plan("auto", workers).budget.torch_threads

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .tune_levers import report_lines
+
 # Run-to-run spread of a few-second images/s measurement on the shared 2-core dev box: ~3 %.
 NOISE = 0.03
 
@@ -89,6 +91,7 @@ def format_report(result: dict) -> str:
         if max(rates) < 1.1 * min(rates) and all(r["data_wait_fraction"] < 0.2 for r in timed):
             lines.append("every loader keeps up (within 10 %, < 20 % data wait): the model step "
                          "is the limit here; see `turbotrain info` for precision/compile")
+    lines += report_lines(result)
     pick = result["train_pick"]
     verdict = (f"; tune differs: {result['differs']}" if result["differs"] else
                "; tune agrees" if result["best"] else "")

@@ -17,11 +17,12 @@ MODEL_STEPS = 3  # timed training steps of a model row, at least
 OUT_OF_TIME = "skipped: out of time (raise --budget-seconds)"
 
 
-def loader_sweep(sweep, rows: list[Row], batch: int, bar) -> None:
+def loader_sweep(sweep, rows: list[Row], batch: int, bar, settled=None) -> None:
     """Step 2. A row starts only when its cost at least fits in the time left: what building
     and warming up its pipeline took on an earlier row (before the first, what the pipeline
     declares its first batch costs: FFCV's numba compile), plus LOADER_BATCHES at the rate
-    measured there; its timed slice shrinks to what is left."""
+    measured there; its timed slice shrinks to what is left. `settled(row)`: True when the
+    rows after a measured one cannot matter (tune_levers.compute_bound); they are skipped."""
     share = LOADER_SHARE * sweep.seconds_left()
     loader_slice = max(0.3, share / max(1, len(rows)))
     # Its share, not the whole budget: a first build (FFCV compiles its pipeline) costs what
@@ -30,7 +31,7 @@ def loader_sweep(sweep, rows: list[Row], batch: int, bar) -> None:
     guesses: dict[str, float] = {}
     overhead = sweep.overhead
     skip: set[str] = set()
-    for row in rows:
+    for i, row in enumerate(rows):
         bar.update(1)
         if row.pipeline in skip:
             row.note = row.note or "skipped: worker count does not apply"
@@ -58,6 +59,11 @@ def loader_sweep(sweep, rows: list[Row], batch: int, bar) -> None:
         overhead[row.pipeline] = max(0.0, time.perf_counter() - started - timed)
         if row.note.startswith("no loader workers"):
             skip.add(row.pipeline)  # other worker counts would measure the same
+        if settled is not None and settled(row):
+            for rest in rows[i + 1:]:
+                rest.note = "skipped: compute-bound (below)"
+            bar.update(len(rows) - i - 1)
+            return
 
 
 def model_sweep(sweep, measured: list[Row], engine, batch: int, step: float, bar) -> None:
