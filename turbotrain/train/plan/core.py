@@ -49,8 +49,8 @@ from .rules import BatchSearch, Decision
 # The order decisions are printed in at the start of a run.
 ORDER = ("device", "resume", "host_memory", "evaluation", "early_stop", "image_size", "model",
          "model_kwargs", "progressive", "eval_res", "tta", "augment", "batch_size", "accum_steps",
-         "lr", "weight_decay", "worker_mode", "precision", "compile", "compile_mode", "channels_last", "pipeline", "order", "threads",
-         "warmup_steps", "warmup")
+         "lr", "weight_decay", "worker_mode", "precision", "compile", "compile_mode",
+         "channels_last", "pipeline", "order", "threads", "warmup_steps", "warmup")
 _NOT_LISTED = object()
 
 
