@@ -42,7 +42,8 @@ def test_the_train_command_fixes_cublas_at_its_start(monkeypatch, tmp_path):
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     seen = []
     monkeypatch.setattr(trainer, "train",
-                        lambda config, sources=None: seen.append(os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+                        lambda config, sources=None: seen.append(
+                            os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
     monkeypatch.setattr(cli, "keep_freed_memory", lambda: None)  # leave the allocator alone
     assert cli.main(["--data", str(tmp_path), "--deterministic"]) == 0
     assert seen == [":4096:8"]

@@ -77,7 +77,8 @@ def test_the_train_command_applies_it(monkeypatch):
     from turbotrain.train.step import host_memory
     calls = []
     monkeypatch.setattr(host_memory, "_outcome", None)
-    monkeypatch.setattr(trainer, "train", lambda config, sources=None: calls.append(host_memory.decision()))
+    monkeypatch.setattr(trainer, "train",
+                        lambda config, sources=None: calls.append(host_memory.decision()))
     parser = cli.argparse.ArgumentParser()
     cli.add_train_arguments(parser)
     assert cli.run_train(parser.parse_args(["--data", "somewhere"])) == 0
