@@ -170,3 +170,16 @@ def test_two_sizes_on_cuda(name, photo_path):
                                                                    batches["cpu"]):
         assert torch.equal(gpu_labels, cpu_labels)
         assert (gpu_images - cpu_images).abs().mean() < 6
+
+
+@pytest.mark.cuda
+def test_resize_batch_on_cuda_matches_the_cpu():
+    """CUDA has no uint8 antialiased resize: the float32 path there gives the CPU's uint8
+    kernel's pixels within one grey level."""
+    images = torch.randint(0, 256, (8, 3, 28, 28), dtype=torch.uint8).contiguous(
+        memory_format=torch.channels_last)
+    on_cpu = resize_batch(images, 20)
+    on_gpu = resize_batch(images.cuda(), 20)
+    assert on_gpu.device.type == "cuda" and on_gpu.dtype == torch.uint8
+    assert on_gpu.is_contiguous(memory_format=torch.channels_last)
+    assert (on_gpu.cpu().int() - on_cpu.int()).abs().max() <= 1
