@@ -69,13 +69,7 @@ def test_resume_mid_epoch_across_the_size_change(name, photo_path):
     opts = options(resolution=SCHEDULE)
     with build(name, dataset, **opts) as pipeline:
         whole = run_epoch(pipeline, 0) + run_epoch(pipeline, 2)
-    with build(name, dataset, **opts) as pipeline:
-        head = run_epoch(pipeline, 0, limit=2)
-        state = pipeline.state_dict()
-    with build(name, dataset, **opts) as resumed:
-        resumed.load_state_dict(state)
-        tail = [(images.cpu().clone(), labels.cpu().clone()) for images, labels in resumed]
-        tail += run_epoch(resumed, 2)
+    head, tail = _stopped_and_resumed(name, dataset, opts, then_epoch=2)
     assert [images.shape[-1] for images, _ in head + tail] == \
         [images.shape[-1] for images, _ in whole]
     assert _equal(head + tail, whole)
@@ -110,12 +104,7 @@ def test_small_images_are_the_fixed_size_crops_resized(name, small_path):
         [labels.tolist() for _, labels in fixed_small]
     for (a, _), (b, _) in zip(small, fixed_small):
         assert torch.equal(a, resize_batch(b, 12))
-    with build(name, dataset, **opts) as pipeline:
-        head = run_epoch(pipeline, 0, limit=2)
-        state = pipeline.state_dict()
-    with build(name, dataset, **opts) as resumed:
-        resumed.load_state_dict(state)
-        tail = [(images.cpu().clone(), labels.cpu().clone()) for images, labels in resumed]
+    head, tail = _stopped_and_resumed(name, dataset, opts)
     assert _equal(head + tail, small)
 
 
@@ -136,6 +125,20 @@ def test_a_schedule_must_end_at_the_image_size():
     with pytest.raises(ValueError, match="must be the same"):
         PipelineOptions(train=True, batch_size=8, image_size=48, device=torch.device("cpu"),
                         resolution=SCHEDULE)
+
+
+def _stopped_and_resumed(name: str, dataset, opts: dict, then_epoch: int | None = None):
+    """(the first 2 batches of epoch 0, the rest of it from a pipeline resumed from the state
+    saved there, plus epoch `then_epoch` of that resumed pipeline when given)."""
+    with build(name, dataset, **opts) as pipeline:
+        head = run_epoch(pipeline, 0, limit=2)
+        state = pipeline.state_dict()
+    with build(name, dataset, **opts) as resumed:
+        resumed.load_state_dict(state)
+        tail = [(images.cpu().clone(), labels.cpu().clone()) for images, labels in resumed]
+        if then_epoch is not None:
+            tail += run_epoch(resumed, then_epoch)
+    return head, tail
 
 
 def _equal(a: list, b: list) -> bool:
