@@ -13,10 +13,11 @@ The rule, in one place so the time-to-accuracy benchmark (bench/) can tune it:
   sooner by training the early epochs small;
 * on for small images (pad-cropped) up to SMALL_MAX_SIZE px for SMALL_MIN_EPOCHS or more, from
   MIN_RES_FRACTION of the size (28 -> 20 px, in 4 px steps) ramping over the first half of the
-  run (SMALL_RAMP), the second half at full size. Measured on Fashion-MNIST, compact28, 4
-  epochs, seed 0, the CPU box (bench/NOTES.md, levers): 20, 24, 28, 28 px ended at 92.09 %
-  against 92.03 % at a fixed 28 px, for ~81 % of the pixels; the cheaper ramps lost accuracy
-  (20, 20, 28, 28: 91.98 %; 20, 20, 24, 28: 91.61 %; 20, 20, 20, 28: 91.0 %). Off above
+  run (SMALL_RAMP), the second half at full size. Measured on Fashion-MNIST (compact28, 4
+  epochs, seed 0, no TTA, 1 torch thread on the 2-core CPU box): 20, 24, 28, 28 px ended at
+  92.09 % against 92.03 % at a fixed 28 px, for ~81 % of the pixels; the cheaper ramps lost
+  accuracy (20, 20, 28, 28: 91.98 %; 20, 20, 24, 28: 91.61 %; 20, 20, 20, 28: 91.04 % even
+  with TTA). Off above
   SMALL_MAX_SIZE (CIFAR-size images and the airbench net: not measured here);
 * off for nets with a fixed input size (ViTs' patch grid), for runs too short to hold a ramp
   and, unless --res-ramp names its epochs, for a --time-budget run (its epochs are measured at
