@@ -24,21 +24,22 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from turbotrain.datasets.beton.layout import SMALL_IMAGE_MAX_SIDE
+
 # FFCV's rounding step for its 160-192 px ImageNet ramp. Below 160 px a step of 32 leaves one
 # size between 96 and 128 and none between 64 and 96 px; 16 keeps a ramp there gradual.
 LARGE_STEP = 32
 SMALL_STEP = 16
 LARGE_FROM = 160
-# Small images (<= 64 px, pad-cropped) step by 4 px: our small nets pool 2x twice before their
-# last stages (compact28: 28 -> 14 -> 7), so a multiple of 4 keeps every pooled map whole, and
-# 28 px has sizes 16, 20, 24 below it.
+# Schedules ending at a small image's size (<= SMALL_IMAGE_MAX_SIDE, pad-cropped) step by 4 px:
+# our small nets pool 2x twice before their last stages (compact28: 28 -> 14 -> 7), so a
+# multiple of 4 keeps every pooled map whole, and 28 px has sizes 16, 20, 24 below it.
 TINY_STEP = 4
-SMALL_UP_TO = 64
 
 
 def default_step(max_res: int) -> int:
     """The rounding step for a schedule ending at `max_res` (constants above)."""
-    if max_res <= SMALL_UP_TO:
+    if max_res <= SMALL_IMAGE_MAX_SIDE:
         return TINY_STEP
     return LARGE_STEP if max_res >= LARGE_FROM else SMALL_STEP
 
