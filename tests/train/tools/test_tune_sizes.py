@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from turbotrain.pipeline.resolution import ResolutionSchedule
-from turbotrain.train.tools.tune import run_rate
+from turbotrain.train.tools.tune_sweeps import run_rate
 from turbotrain.train.tools.tune_report import format_report
 
 # 96 px for epochs 0-4, 112 at 5, 128 from 6 on (the photos' default ramp of an 8-epoch run).

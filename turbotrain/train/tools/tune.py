@@ -58,7 +58,7 @@ from ..step.distributed import dist_env_from_environ
 from ..step.loop import StepSettings, make_engine
 from .tune_report import Row, against_pick, best_row, format_report, train_command
 from .tune_sweeps import (LOADER_BATCHES, MAX_MODEL_ROWS, MODEL_STEPS, WARMUP_BATCHES,
-                          loader_sweep, model_rows, model_sweep)
+                          loader_sweep, model_rows, model_sweep, repeated_epoch, run_rate)
 
 PROG = "turbotrain tune"
 DEFAULT_BUDGET = 90.0  # seconds; a sweep of 3 pipelines x 4 worker counts fits comfortably
@@ -260,7 +260,7 @@ class Sweep:
         torch = self.torch
         clock = StepClock(self.device)
         images_done, step = 0, 0
-        stream = _repeated(pipeline, epoch)
+        stream = repeated_epoch(pipeline, epoch)
         try:
             deadline = None
             while True:
@@ -384,23 +384,6 @@ class Sweep:
 
     def _threads_for(self, workers: int) -> int:
         return self.row_plan("auto", workers).budget.torch_threads
-
-
-def _repeated(pipeline, epoch: int):
-    """`epoch`'s batches over and over (one size of a schedule, timed steadily)."""
-    while True:
-        pipeline.set_epoch(epoch)
-        yield from pipeline
-
-
-def run_rate(parts: list[tuple[float, float, float]]) -> tuple[float, float]:
-    """(images/s, data-wait share) of a run made of `parts`: (its share of the images, images/s,
-    data-wait share) at each size. The run's seconds per image are the shares' sum of
-    share / rate (a harmonic mean: a slow size weighs by the time it takes), and its wait is
-    each part's weighted by its seconds."""
-    seconds = [share / rate for share, rate, _ in parts]
-    total = sum(seconds)
-    return 1.0 / total, sum(s * wait for s, (_, _, wait) in zip(seconds, parts)) / total
 
 
 def run_tune(args: argparse.Namespace) -> int:
