@@ -22,8 +22,8 @@ embeddings) keeps it too.
 Flip TTA (FFCV, airbench): the logits of each val image and of its horizontal mirror are
 averaged, so two forward passes per image. It is on wherever training drew flips, since the
 mirror is then an image of the training distribution, except small images up to
-TTA_SMALL_MAX_SIZE px (MNIST-class, the compact28 net's): on Fashion-MNIST (4 epochs, 4 runs)
-it added 0.03-0.24 pt (0.13 on average) and cost 5 % of the run (each evaluation twice:
+TTA_SMALL_MAX_SIZE px (MNIST-class, the compact28 net's): on Fashion-MNIST (4 epochs, 6 runs)
+it added 0.03-0.24 pt (0.11 on average) and cost 5 % of the run (each evaluation twice:
 5.2 s against 2.5 s of a 55 s run), about what those seconds of training gain at the end of a
 run (~0.6 pt an epoch of 13 s): it does not bring the accuracy sooner there.
 """
@@ -78,7 +78,7 @@ def flip_tta(asked: bool | None, *, train_family: str, image_size: int) -> Decis
         return Decision(asked, "asked for" + why, shown=asked != (flips and not tiny))
     if tiny:
         return Decision(False, f"small images at {image_size} px (<= {TTA_SMALL_MAX_SIZE}): "
-                        "measured on Fashion-MNIST, the mirror's +0.13 pt cost as much time as "
+                        "measured on Fashion-MNIST, the mirror's +0.11 pt cost as much time as "
                         "training buys that accuracy with (each evaluation twice)")
     if flips:
         return Decision(True, "training drew horizontal flips: each val image's logits are "
