@@ -1,6 +1,7 @@
 """Time to accuracy with the plan's levers against the same trainer with them off (issue 42).
 
     .venv/bin/python bench/bench_levers.py [--rounds 2] [--photo-epochs 8] [--fashion-epochs 4]
+                                           # ~14 min on the quiet 2-core CPU box (FULL below)
     .venv/bin/python bench/bench_levers.py --quick     # smoke: tiny data, 1 epoch, ~1-2 min
 
 The levers are what the plan turns on by itself: progressive resizing (when this trainer has it:
@@ -66,8 +67,14 @@ PHOTO_TRAIN_SIZE = 128
 IMAGENET_TRAIN = 1_281_167
 RESNET50_SIZES = (160, 176, 192, 208, 224)
 # Defaults of a measurement, and of --quick (a smoke run that the code works, not a number).
-FULL = {"photo_per_class": (400, 100), "fashion_slice": None, "photo_epochs": 8,
-        "fashion_epochs": 4, "steps": 200}
+# Sized so that `--rounds 2` takes ~14 min on the quiet 2-core CPU box: one round of 4,000
+# photos took 389 s for the photos' two arms (207 s fixed, 182 s levers, 8 epochs) and 115 s for
+# Fashion-MNIST's; 3,000 photos (still "several thousand") make the photos' arms ~290 s a round.
+# resnet50's steps per size: a few hundred on a GPU (compiled, batch 256: seconds), 10 on a CPU
+# (batch 16 at 160-224 px: ~1 s a step there, so 200 would take half an hour).
+FULL = {"photo_per_class": (300, 100), "fashion_slice": None, "photo_epochs": 8,
+        "fashion_epochs": 4, "steps": None}
+RESNET50_STEPS = {"cuda": 200, "cpu": 10}
 QUICK = {"photo_per_class": (12, 4), "fashion_slice": (1000, 500), "photo_epochs": 1,
          "fashion_epochs": 1, "steps": 2}
 
@@ -202,8 +209,9 @@ def _median(values: list) -> float | None:
 
 
 # == resnet50's cost per size ====================================================================
-def resnet50_costs(sizes, steps: int, batch: int | None) -> list[dict]:
-    """images/s of the trainer's step at each size (module docstring)."""
+def resnet50_costs(sizes, steps: int | None, batch: int | None) -> list[dict]:
+    """images/s of the trainer's step at each size (module docstring); `steps` None:
+    RESNET50_STEPS of the device."""
     import torch
     from turbotrain.train.models.models import build_model, get_model_spec
     from turbotrain.train.plan.hardware import cpu_native_bf16
@@ -222,6 +230,7 @@ def resnet50_costs(sizes, steps: int, batch: int | None) -> list[dict]:
     engine = make_engine(model, settings, schedule=LRSchedule(total=10**6, warmup=10,
                                                                 kind="cosine"),
                          train_model=train_model)
+    steps = steps or RESNET50_STEPS[device.type]
     results, step = [], 0
     for size in sizes:
         images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8,
@@ -317,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fashion-epochs", type=int, default=None)
     parser.add_argument("--photo-size", type=int, default=PHOTO_TRAIN_SIZE,
                         help="resnet18's training size on the photos (112-128 in issue 42)")
-    parser.add_argument("--steps", type=int, default=None, help="resnet50 steps per size")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="resnet50 steps per size (default: 200 on a GPU, 10 on a CPU)")
     parser.add_argument("--only", choices=("photos", "fashion", "resnet50"), action="append",
                         help="run only these parts (repeatable; default: all)")
     parser.add_argument("--quick", action="store_true", help="smoke run on tiny data")

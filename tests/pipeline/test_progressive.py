@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from turbotrain.datasets import open_dataset
-from turbotrain.pipeline import PipelineError
 from turbotrain.pipeline.order import SampleOrder
-from turbotrain.pipeline.resolution import ResolutionSchedule
+from turbotrain.pipeline.resolution import ResolutionSchedule, resize_batch
 
 from .conftest import build, product_pipelines, run_epoch
 
@@ -70,13 +69,7 @@ def test_resume_mid_epoch_across_the_size_change(name, photo_path):
     opts = options(resolution=SCHEDULE)
     with build(name, dataset, **opts) as pipeline:
         whole = run_epoch(pipeline, 0) + run_epoch(pipeline, 2)
-    with build(name, dataset, **opts) as pipeline:
-        head = run_epoch(pipeline, 0, limit=2)
-        state = pipeline.state_dict()
-    with build(name, dataset, **opts) as resumed:
-        resumed.load_state_dict(state)
-        tail = [(images.cpu().clone(), labels.cpu().clone()) for images, labels in resumed]
-        tail += run_epoch(resumed, 2)
+    head, tail = _stopped_and_resumed(name, dataset, opts, then_epoch=2)
     assert [images.shape[-1] for images, _ in head + tail] == \
         [images.shape[-1] for images, _ in whole]
     assert _equal(head + tail, whole)
@@ -89,10 +82,42 @@ def test_evaluation_stays_at_the_image_size(name, photo_path):
         assert all(images.shape[1:] == (3, 32, 32) for images, _ in run_epoch(pipeline, 0))
 
 
+# Small images: 16 px pad-crops, epoch 0 resized to 12 px, epoch 2 on at 16 (the final size).
+SMALL_SCHEDULE = ResolutionSchedule(min_res=12, max_res=16, start_ramp=0, end_ramp=2, step=4)
+
+
 @pytest.mark.parametrize("name", NAMES)
-def test_small_images_refuse_a_schedule(name, small_path):
-    with pytest.raises(PipelineError, match="photo-sized"):
-        build(name, open_dataset(small_path), **options(resolution=SCHEDULE))
+def test_small_images_are_the_fixed_size_crops_resized(name, small_path):
+    """Small images under a schedule: each epoch's size; the final-size epoch is the fixed-size
+    run's to the byte, the small epoch is the fixed-size run's pad-crops resized (the same
+    boxes and order), and a resume inside the small epoch continues it exactly."""
+    dataset = open_dataset(small_path)
+    opts = options(16, resolution=SMALL_SCHEDULE)
+    with build(name, dataset, **opts) as pipeline:
+        small, final = run_epoch(pipeline, 0), run_epoch(pipeline, 2)
+    with build(name, dataset, **options(16)) as fixed:
+        fixed_small, fixed_final = run_epoch(fixed, 0), run_epoch(fixed, 2)
+    assert _equal(final, fixed_final)
+    assert all(images.shape[1:] == (3, 12, 12) for images, _ in small)
+    assert all(images.is_contiguous(memory_format=torch.channels_last) for images, _ in small)
+    assert [labels.tolist() for _, labels in small] == \
+        [labels.tolist() for _, labels in fixed_small]
+    for (a, _), (b, _) in zip(small, fixed_small):
+        assert torch.equal(a, resize_batch(b, 12))
+    head, tail = _stopped_and_resumed(name, dataset, opts)
+    assert _equal(head + tail, small)
+
+
+def test_resize_batch_shrinks_on_the_device_and_keeps_the_layout():
+    """An area-like shrink: a batch of flat colours stays those colours, any size in any size
+    out, channels_last uint8; the final size is the batch itself."""
+    flat = torch.arange(4, dtype=torch.uint8).mul(60).view(4, 1, 1, 1).expand(4, 3, 28, 28)
+    flat = flat.contiguous(memory_format=torch.channels_last)
+    out = resize_batch(flat, 20)
+    assert out.shape == (4, 3, 20, 20) and out.dtype == torch.uint8
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out, flat[:, :, :20, :20])
+    assert resize_batch(flat, 28) is flat
 
 
 def test_a_schedule_must_end_at_the_image_size():
@@ -100,6 +125,20 @@ def test_a_schedule_must_end_at_the_image_size():
     with pytest.raises(ValueError, match="must be the same"):
         PipelineOptions(train=True, batch_size=8, image_size=48, device=torch.device("cpu"),
                         resolution=SCHEDULE)
+
+
+def _stopped_and_resumed(name: str, dataset, opts: dict, then_epoch: int | None = None):
+    """(the first 2 batches of epoch 0, the rest of it from a pipeline resumed from the state
+    saved there, plus epoch `then_epoch` of that resumed pipeline when given)."""
+    with build(name, dataset, **opts) as pipeline:
+        head = run_epoch(pipeline, 0, limit=2)
+        state = pipeline.state_dict()
+    with build(name, dataset, **opts) as resumed:
+        resumed.load_state_dict(state)
+        tail = [(images.cpu().clone(), labels.cpu().clone()) for images, labels in resumed]
+        if then_epoch is not None:
+            tail += run_epoch(resumed, then_epoch)
+    return head, tail
 
 
 def _equal(a: list, b: list) -> bool:
@@ -134,3 +173,16 @@ def test_two_sizes_on_cuda(name, photo_path):
                                                                    batches["cpu"]):
         assert torch.equal(gpu_labels, cpu_labels)
         assert (gpu_images - cpu_images).abs().mean() < 6
+
+
+@pytest.mark.cuda
+def test_resize_batch_on_cuda_matches_the_cpu():
+    """CUDA has no uint8 antialiased resize: the float32 path there gives the CPU's uint8
+    kernel's pixels within one grey level."""
+    images = torch.randint(0, 256, (8, 3, 28, 28), dtype=torch.uint8).contiguous(
+        memory_format=torch.channels_last)
+    on_cpu = resize_batch(images, 20)
+    on_gpu = resize_batch(images.cuda(), 20)
+    assert on_gpu.device.type == "cuda" and on_gpu.dtype == torch.uint8
+    assert on_gpu.is_contiguous(memory_format=torch.channels_last)
+    assert (on_gpu.cpu().int() - on_cpu.int()).abs().max() <= 1

@@ -233,7 +233,7 @@ class DaliPipeline(OrderedPipeline):
     # -- the passes -----------------------------------------------------------------------------
     def _pipe_for(self, epoch: int, batches: list[np.ndarray]):
         self._feed.start(epoch, batches)
-        size = self.options.size_at(epoch)
+        size = self.decode_size(epoch)
         if size != self.spec.image_size:  # progressive resizing: a graph for this size
             self.spec = dataclasses.replace(self.spec, image_size=size)
             self._pipe, self._reusable = None, False

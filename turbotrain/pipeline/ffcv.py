@@ -353,7 +353,7 @@ class FfcvPipeline(OrderedPipeline):
             return
         self.close()  # a pass abandoned without closing its generator (not seen in CPython)
         order = np.concatenate(batches).astype(np.uint64)
-        size = self.options.size_at(epoch)
+        size = self.decode_size(epoch)
         self.decoder.output_size = (size, size)  # read when the iterator allocates its buffers
         with _keep_torch_threads():
             iterator = self._iterator_class(self.loader, order, owner=self, epoch=epoch)

@@ -13,6 +13,11 @@ Before each pass it tells the split which shards the remaining batches read, in 
 eviction; a local split ignores the hint. A pipeline that reads nothing during an epoch
 (`resident`: it decoded the split when built) declares ``reads_during_epoch=False`` in its
 registry.Capabilities and sets the class attribute from it.
+
+Under progressive resizing (resolution.py) a photo pipeline resizes each crop box to the epoch's
+size itself (`decode_size`). Small images are pad-cropped at `image_size` in every pipeline as
+at a fixed size, and the batch is then resized to the epoch's size here, on its device
+(resolution.resize_batch): the same crops and order in all four pipelines, from one place.
 """
 from __future__ import annotations
 
@@ -24,8 +29,9 @@ import torch
 
 from . import augment
 from .after_decode import AfterDecode
-from .base import Pipeline, PipelineError, PipelineOptions
+from .base import Pipeline, PipelineOptions
 from .order import order_for, shards_in_order
+from .resolution import resize_batch
 
 
 class OrderedPipeline(Pipeline):
@@ -39,11 +45,8 @@ class OrderedPipeline(Pipeline):
         if options.batch_size < 1 or options.image_size < 1:
             raise ValueError(f"batch_size and image_size must be >= 1 "
                              f"(got {options.batch_size}, {options.image_size})")
-        if (options.train and options.resolution is not None
-                and augment.is_small(dataset.heights, dataset.widths)):
-            raise PipelineError(f"progressive resizing needs photo-sized images; {dataset.path} "
-                                "holds small ones (pad-cropped at their own size): train it "
-                                "at one size (--no-progressive)")
+        # Small (pad-cropped) images: a schedule's sizes are made by resize_batch, not decoded.
+        self.small = augment.is_small(dataset.heights, dataset.widths)
         self.order = order_for(dataset, options)
         self.device = torch.device(options.device)
         policy = options.augment
@@ -61,7 +64,11 @@ class OrderedPipeline(Pipeline):
         epoch = self.epoch
         batches = self.order.batches(epoch)[self.batch_index:]
         self._announce(batches)
+        size = self.size_at(epoch)
+        shrink = size != self.decode_size(epoch)
         for indices, (images, labels) in zip(batches, self._produce(epoch, batches)):
+            if shrink:  # small images: pad-cropped at their size, then the epoch's size
+                images = resize_batch(images, size)
             if self.after_decode is not None:  # the same per-sample draws for every pipeline
                 images = self.after_decode(images, indices, epoch)
             self.batch_index += 1
@@ -69,6 +76,11 @@ class OrderedPipeline(Pipeline):
         if self.epoch == epoch:
             # A finished epoch starts over if iterated again without set_epoch (DataLoader-like).
             self.batch_index = 0
+
+    def decode_size(self, epoch: int) -> int:
+        """The side `_produce` makes `epoch`'s batches at: the epoch's size (size_at), except
+        for small images, pad-cropped at `image_size` and resized after (module docstring)."""
+        return self.options.image_size if self.small else self.size_at(epoch)
 
     def _announce(self, batches: list[np.ndarray]) -> None:
         """`split.will_read` with the shards `batches` read, in order (module docstring)."""

@@ -226,7 +226,7 @@ class PyTorchPipeline(OrderedPipeline):
     def _produce(self, epoch: int, batches: list[np.ndarray]):
         # The next epoch's batches, for DecodeAhead to draw their first boxes early: a training
         # loop's next epoch is usually epoch + 1 from its start (anything else is redrawn).
-        return to_device(self.source.run(epoch, self.options.size_at(epoch), batches,
+        return to_device(self.source.run(epoch, self.decode_size(epoch), batches,
                                          lambda: self.order.batches(epoch + 1)),
                          self.device)
 

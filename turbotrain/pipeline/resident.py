@@ -185,7 +185,7 @@ class ResidentPipeline(OrderedPipeline):
         if not batches:
             return
         samples = np.concatenate(batches)
-        side, size = self.layout.side, self.options.size_at(epoch)
+        side, size = self.layout.side, self.decode_size(epoch)
         full = np.full(len(samples), side, dtype=np.int64)
         boxes = augment.crop_boxes(self.family, seed=self.options.seed, epoch=epoch,
                                    indices=samples, heights=full, widths=full,

@@ -44,12 +44,23 @@ def test_an_asked_eval_res_wins_and_is_shown_when_it_differs():
 def test_flip_tta_follows_the_training_flips():
     assert augment.draws_flips(augment.RESIZED_CROP) and augment.draws_flips(augment.PAD_CROP)
     assert not augment.draws_flips(augment.CENTRE_CROP)
-    assert flip_tta(None, train_family=augment.RESIZED_CROP).value is True
-    assert flip_tta(None, train_family=augment.PAD_CROP).value is True
-    assert flip_tta(None, train_family=augment.IDENTITY).value is False
-    off = flip_tta(False, train_family=augment.PAD_CROP)
+    assert flip_tta(None, train_family=augment.RESIZED_CROP, image_size=128).value is True
+    assert flip_tta(None, train_family=augment.PAD_CROP, image_size=32).value is True
+    assert flip_tta(None, train_family=augment.IDENTITY, image_size=32).value is False
+    off = flip_tta(False, train_family=augment.PAD_CROP, image_size=32)
     assert (off.value, off.reason, off.shown) == (False, "asked for", True)
-    assert "no flips" in flip_tta(True, train_family=augment.IDENTITY).reason
+    assert "no flips" in flip_tta(True, train_family=augment.IDENTITY, image_size=32).reason
+
+
+def test_no_flip_tta_on_mnist_size_images_where_it_does_not_pay():
+    """Fashion-MNIST (28 px, pad-cropped): TTA's gain cost as much time as training buys it
+    with; CIFAR (32 px) and photos of any size keep it, and --tta still turns it on."""
+    tiny = flip_tta(None, train_family=augment.PAD_CROP, image_size=28)
+    assert tiny.value is False and "28 px" in tiny.reason and "Fashion-MNIST" in tiny.reason
+    assert flip_tta(None, train_family=augment.RESIZED_CROP, image_size=28).value is True
+    asked = flip_tta(True, train_family=augment.PAD_CROP, image_size=28)
+    assert (asked.value, asked.shown) == (True, True)
+    assert not flip_tta(False, train_family=augment.PAD_CROP, image_size=28).shown
 
 
 def test_eval_work_counts_passes_and_pixels():
@@ -63,8 +74,8 @@ def test_eval_work_counts_passes_and_pixels():
     (H200, IMAGENET, (224, 288, True)),
     (CPU2, FEW_PHOTOS, (64, 80, True)),    # 64 px on a CPU: 80
     (CPU2, CIFAR, (32, 32, True)),         # pad-cropped small images: the training size
-    (CPU2, FASHION, (28, 28, True)),
-    (H200, FASHION, (28, 28, True)),
+    (CPU2, FASHION, (28, 28, False)),      # 28 px: no TTA (it does not pay there)
+    (H200, FASHION, (28, 28, False)),
 ])
 def test_plan_decides_eval_res_and_tta(machine, facts, want):
     p = plan(TrainConfig(data="DATA"), facts, machine)

@@ -206,18 +206,20 @@ class TrainConfig:
     progressive: bool | None = _setting(None, "progressive resizing: the early epochs train "
                                         "smaller, ramping up to --max-res (FFCV's schedule; "
                                         "same crops, same batch size); auto: on for conv nets "
-                                        "at >= 128 px for >= 8 epochs, off for small images",
+                                        "at >= 128 px for >= 8 epochs and for small images "
+                                        "up to 28 px for >= 4 epochs",
                                         "resolution")
     min_res: int | None = _setting(None, "progressive resizing's first training size in px; "
-                                   "auto: 3/4 of --max-res, rounded down to the step (16 px, "
-                                   "32 from 160 px on), at least 64", "resolution")
+                                   "auto: 3/4 of --max-res, rounded down to the step (4 px "
+                                   "up to 64 px, 16, 32 from 160 px on), at least 64 (16 for "
+                                   "small images)", "resolution")
     max_res: int | None = _setting(None, "the final training size in px, where the ramp ends; "
                                    "the same as --image-size (give one of them)", "resolution",
                                    shown="--image-size")
     res_ramp: tuple[float, float] | None = _setting(None, "epochs START END of the ramp from "
                                                     "--min-res (before START) to --max-res "
                                                     "(from END on); auto: 40%% and 85%% of "
-                                                    "--epochs", "resolution")
+                                                    "--epochs (small images: 0 and 50%%)", "resolution")
     # -- evaluation: test-time resolution and flip TTA (plan/eval_rules.py decides auto)
     eval_res: int | None = _setting(None, "evaluation resolution in pixels (training's "
                                     "evaluations, and eval, predict and export through the "
@@ -227,7 +229,8 @@ class TrainConfig:
                                     "images and for fixed-size models", "eval")
     tta: bool | None = _setting(None, "flip test-time augmentation: each val image's logits "
                                 "are the mean of the image's and its mirror's (2 forward "
-                                "passes); auto: on where training used flips", "eval")
+                                "passes); auto: on where training used flips, except "
+                                "small images up to 28 px (it did not pay there)", "eval")
     # -- device, precision and threads
     device: str = _setting(AUTO, "where to train", "runtime", choices=(AUTO, "cpu", "cuda"))
     precision: str = _setting(AUTO, "auto: bf16 autocast on CPUs with native bf16 and on CUDA "

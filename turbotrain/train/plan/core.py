@@ -321,7 +321,8 @@ def _evaluation(d: dict, config: TrainConfig, facts: DatasetFacts, spec) -> Trai
     if size != config.image_size and not any_size:
         raise TrainError(f"--eval-res {size}: model {spec.name} is built for "
                          f"{config.image_size} px inputs; leave --eval-res out")
-    tta = _decide(d, "tta", eval_rules.flip_tta(config.tta, train_family=family))
+    tta = _decide(d, "tta", eval_rules.flip_tta(config.tta, train_family=family,
+                                                 image_size=config.image_size))
     return config.replace(eval_res=size, tta=tta)
 
 

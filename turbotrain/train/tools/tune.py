@@ -26,6 +26,12 @@ the report then says so and names train's own pick, unmeasured.
    ResNet-50; where train compiles, the report says the step was not timed compiled):
    images/s and the share of the step spent waiting for data. On CPU, torch gets the cores the
    workers leave.
+   Under progressive resizing (the plan's, plan/resolution.py) the run trains at several sizes,
+   and a step's cost and its data wait change with the size (the model's work with its pixels,
+   the loader's much less): each model row is timed at each size of the schedule, the row's
+   seconds shared by the epochs at it, and its images/s is the run's, 1 / sum(share / rate)
+   (`run_rate`). Steps 1 and 2 stay at the final size: the batch that fits there fits the
+   smaller sizes, and the loader alone only ranks pipelines for step 3, which decides.
 The best measured row becomes the recommended `train` command; rows within the noise of it
 are ties, and train's own pick wins a tie, so tune names another pipeline only when it measured
 it faster, and says by how much (tune_report.py).
@@ -41,7 +47,7 @@ from dataclasses import asdict
 from turbotrain.datasets import DatasetError
 from turbotrain.pipeline import PipelineError, build_pipeline, pipeline_names
 from turbotrain.pipeline.registry import auto_order
-from turbotrain.pipeline.bench import endless, steady_rate
+from turbotrain.pipeline.bench import steady_rate
 
 from ..config.config import TrainConfig
 from ..engine import batch_finder as bf
@@ -49,6 +55,7 @@ from ..engine.data import open_split
 from ..errors import TrainError
 from ..models.models import build_model
 from ..plan import DatasetFacts, Observed, OpenedPipeline, detect_machine, plan, rules
+from ..plan.resolution import schedule_of
 from ..records.profiling import StepClock
 from ..step.device import apply_torch_threads
 from ..step.distributed import dist_env_from_environ
@@ -56,7 +63,7 @@ from ..step.loop import StepSettings, make_engine
 from .tune_levers import compute_bound, time_levers
 from .tune_report import Row, against_pick, best_row, format_report, train_command
 from .tune_sweeps import (LOADER_BATCHES, MAX_MODEL_ROWS, MODEL_STEPS, WARMUP_BATCHES,
-                          loader_sweep, model_rows, model_sweep)
+                          loader_sweep, model_rows, model_sweep, repeated_epoch, run_rate)
 
 PROG = "turbotrain tune"
 DEFAULT_BUDGET = 90.0  # seconds; a sweep of 3 pipelines x 4 worker counts fits comfortably
@@ -130,6 +137,11 @@ class Sweep:
         self.plan = plan(self.config, self.facts, self.machine)
         self.device = self.plan.device
         self.image_size = self.plan.config.image_size
+        # Progressive resizing: the sizes a model row is timed at and the share of the run at
+        # each (step 3); {image_size: 1.0} at one size.
+        self.schedule = schedule_of(self.plan.config)
+        self.size_shares = (self.schedule.shares(self.plan.config.epochs) if self.schedule
+                            else {self.image_size: 1.0})
         self.spec = self.plan.spec
         self.precision = self.plan.config.precision
         self.channels_last = self.plan.config.channels_last
@@ -193,11 +205,13 @@ class Sweep:
 
     # ------------------------------------------------------------------ 2. loader alone
 
-    def build_pipeline(self, name: str, workers: int, batch: int):
+    def build_pipeline(self, name: str, workers: int, batch: int, resolution=None):
+        """The row's pipeline at the final size; with `resolution` (the plan's schedule, step 3)
+        at each epoch's size."""
         order = self.row_plan(name, workers).config.order  # train's rule for this pipeline
         return build_pipeline(name, self.dataset, train=True, batch_size=batch,
                               image_size=self.image_size, device=self.device, workers=workers,
-                              order=order)
+                              order=order, resolution=resolution)
 
     def loader_rate(self, row: Row, batch: int, seconds: float, guess: float | None
                     ) -> tuple[float, float]:
@@ -220,23 +234,40 @@ class Sweep:
 
     def train_rate(self, row: Row, engine, batch: int, seconds: float) -> float:
         """Images/s and the data-wait share of `engine`'s training steps (loop.make_engine:
-        the trainer's step) on the row's pipeline, timed by the trainer's StepClock for
-        `seconds` (MODEL_STEPS at least, the command's deadline at most); returns the seconds
-        timed."""
-
-        torch = self.torch
-        pipeline = self.build_pipeline(row.pipeline, row.workers, batch)
+        the trainer's step) on the row's pipeline, over `seconds` shared among the schedule's
+        sizes (module docstring, step 3) and combined as the run's (`run_rate`); returns the
+        seconds timed."""
+        pipeline = self.build_pipeline(row.pipeline, row.workers, batch, self.schedule)
         # As in train: cores a loader leaves idle go to torch.
         opened = OpenedPipeline(row.pipeline, len(pipeline), getattr(pipeline, "cpu_workers",
                                                                      None))
         row.threads = self.row_plan(row.pipeline, row.workers, opened).threads.torch_threads
         apply_torch_threads(row.threads)
-        clock = StepClock(self.device)
-        images_done, step = 0, 0
-        stream = endless(pipeline)
+        timed = []
         try:
             if len(pipeline) == 0:
                 raise ValueError("the split has fewer samples than one batch")
+            for size, share in self.size_shares.items():
+                epoch = (self.schedule.first_epoch_at(size, self.plan.config.epochs)
+                         if self.schedule else 0)
+                timed.append((share, *self._timed_steps(pipeline, engine, epoch,
+                                                        share * seconds)))
+        finally:
+            pipeline.close()
+        row.train_images_per_second, row.data_wait_fraction = run_rate(
+            [(share, images / window.seconds, window.data_wait / window.seconds)
+             for share, images, window in timed])
+        return sum(window.seconds for _, _, window in timed)
+
+    def _timed_steps(self, pipeline, engine, epoch: int, seconds: float):
+        """(images, the StepClock's window) of training steps on `epoch`'s batches, repeated,
+        for `seconds` after WARMUP_BATCHES (MODEL_STEPS at least, the command's deadline at
+        most)."""
+        torch = self.torch
+        clock = StepClock(self.device)
+        images_done, step = 0, 0
+        stream = repeated_epoch(pipeline, epoch)
+        try:
             deadline = None
             while True:
                 if step == WARMUP_BATCHES:
@@ -260,13 +291,9 @@ class Sweep:
                         break
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            window = clock.flush()
+            return images_done, clock.flush()
         finally:
             stream.close()
-            pipeline.close()
-        row.train_images_per_second = images_done / window.seconds
-        row.data_wait_fraction = window.data_wait / window.seconds
-        return window.seconds
 
     def step_settings(self, planned=None):
         """train's step for this plan (loop.StepSettings): its optimizer, precision, label
@@ -359,6 +386,7 @@ class Sweep:
         return {"data": str(self.args.data), "images": len(self.dataset),
                 "device": str(self.device), "cores": self.cores, "model": self.spec.name,
                 "image_size": self.image_size, "precision": self.precision, **plan,
+                "size_shares": self.size_shares,
                 "step_seconds": step, "budget_seconds": self.budget,
                 "eager_note": eager_note(self.plan.config.compile),
                 "seconds": time.perf_counter() - self.started, "past_budget": self.crossed,

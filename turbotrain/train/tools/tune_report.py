@@ -100,6 +100,11 @@ def format_report(result: dict) -> str:
     if result["best"] is None:
         lines.append("nothing was measured with the model within the budget (raise "
                      "--budget-seconds); train's own pick, unmeasured:")
+    shares = result.get("size_shares") or {}
+    if len(shares) > 1:  # progressive resizing: the model rows stand for the whole run
+        lines.append("train img/s is the run's under progressive resizing: timed at "
+                     + ", ".join(f"{size} px ({share:.0%} of the epochs)"
+                                 for size, share in shares.items()))
     if result.get("eager_note"):
         lines.append(f"note: {result['eager_note']}")
     lines.append(f"recommended: {result['command']}")

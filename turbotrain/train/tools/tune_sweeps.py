@@ -96,3 +96,20 @@ def model_rows(rows: list[Row], pick: str) -> list[Row]:
     first = next((r for r in measured if r.pipeline == pick), None)
     measured.sort(key=lambda r: r is not first)
     return measured[:MAX_MODEL_ROWS]
+
+
+def repeated_epoch(pipeline, epoch: int):
+    """`epoch`'s batches over and over (one size of a schedule, timed steadily)."""
+    while True:
+        pipeline.set_epoch(epoch)
+        yield from pipeline
+
+
+def run_rate(parts: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(images/s, data-wait share) of a run made of `parts`: (its share of the images, images/s,
+    data-wait share) at each size. The run's seconds per image are the shares' sum of
+    share / rate (a harmonic mean: a slow size weighs by the time it takes), and its wait is
+    each part's weighted by its seconds."""
+    seconds = [share / rate for share, rate, _ in parts]
+    total = sum(seconds)
+    return 1.0 / total, sum(s * wait for s, (_, _, wait) in zip(seconds, parts)) / total
