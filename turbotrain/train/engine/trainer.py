@@ -35,10 +35,10 @@ from ..step.distributed import (all_reduce_sum, barrier, destroy_process_group, 
                                 explain_collective_failure, is_collective_failure, max_over_ranks,
                                 mean_loss_and_any_stop, report_collective_failures_before_sigterm)
 from ..step.loop import evaluate, parameters_finite
-from ..step.schedule import PEAK_LR
 from ..weights.keep_best import WeightsKeeper
 from .builder import Run, build_run
-from .resume_changes import changed_settings, forget_unmet_target, length_change
+from .resume_changes import forget_unmet_target
+from .run_lines import done_line, evaluation_line, startup_lines
 from .run_length import RunLength
 from .run_summary import run_summary
 from .trainer_state import Counters, checkpoint_state, restore_state
@@ -79,7 +79,7 @@ class Trainer:
 
     def fit(self) -> dict:
         run, c = self.run, self.counters
-        for line in self._startup_lines():
+        for line in startup_lines(self.run, self.config, self.counters):
             self.progress.message(line)
         self.progress.start(c.step)
         outcome = "completed"
@@ -346,28 +346,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ the end
 
-    def _startup_lines(self) -> list[str]:
-        run = self.run
-        verb = "resuming" if run.resume_state is not None else "training"
-        length = f"{self.config.epochs} epochs ({run.total_steps} steps)"
-        if self.config.time_budget is not None and self.counters.budget_total_steps < 0:
-            length = (f"at most {length}, sized to the {self.config.time_budget:g} s time "
-                      "budget after its first steps")
-        lines = [f"{verb} {run.config.model} on {run.config.data} -> {run.run_dir}: "
-                 f"{run.steps_per_epoch} steps/epoch x {length}, global batch "
-                 f"{run.global_batch}, lr {self.config.lr:.4g}, {run.num_classes} classes"]
-        lines += [f"  {what}: {why}" for what, why in run.decisions.items()]
-        if run.resume_state is not None:
-            c = self.counters
-            change = length_change(run.resume_state, self.config, schedule=run.engine.schedule,
-                                   total_steps=run.total_steps,
-                                   steps_per_epoch=run.steps_per_epoch, step=c.step,
-                                   budget_sized=c.budget_total_steps >= 0,
-                                   peak=run.engine.optimizer.param_groups[0][PEAK_LR])
-            changed = changed_settings(run.resume_state, self.config)
-            lines += [line for line in (changed, change) if line is not None]
-        return lines
-
     def _finish(self, outcome: str) -> dict:
         run, c = self.run, self.counters
         ema_result, ema_eval = {}, None
@@ -399,26 +377,13 @@ class Trainer:
         if self.main:
             lines = length["lines"] + (diagnosis.lines() if diagnosis is not None else [])
             if run.val_pipeline is not None:
-                lines.append(_evaluation_line(summary))
+                lines.append(evaluation_line(summary))
             for line in lines + [f"wrote {path}" for path in monitor_files]:
                 print(line, flush=True)
             write_summary(run.run_dir, summary)
             self.metrics.close()
-            val, rate = c.val or {}, summary["images_per_second"]
-            print(f"done: {c.step} steps, val_accuracy "
-                  + (f"{val['val_accuracy']:.2%}" if val else "n/a")
-                  + (f", {rate:,.0f} images/s" if rate is not None else "")
-                  + f", {summary['wall_seconds']:.0f} s; results in {run.run_dir}", flush=True)
+            print(done_line(c.step, c.val, summary, run.run_dir), flush=True)
         return summary
-
-
-def _evaluation_line(summary: dict) -> str:
-    """What the evaluations cost: their resolution, flip TTA (2 forward passes per image) and
-    time, against the run's."""
-    tta = ", flip TTA (2 forward passes per image)" if summary["tta"] else ", no TTA"
-    share = summary["eval_seconds"] / max(summary["wall_seconds"], 1e-9)
-    return (f"evaluation: at {summary['eval_res']} px (training {summary['image_size']} px)"
-            f"{tta}: {summary['eval_seconds']:.1f} s in all, {share:.0%} of the run")
 
 
 def train(config: TrainConfig, sources: dict[str, str] | None = None) -> dict:
