@@ -73,7 +73,7 @@ def train(data: str, epochs: int, seed: int, out: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--data", nargs="*", default=[])
     p.add_argument("--runs", nargs="*", default=[], type=Path)
     p.add_argument("--epochs", type=int, default=early_stop.DEFAULT_EPOCHS)
