@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 import time
 
 import torch
@@ -40,6 +41,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--no-sync", action="store_true", help="DDP no_sync on the micro-batches")
     p.add_argument("--no-loader", action="store_true", help="slice tensors, no DataLoader")
+    p.add_argument("--hook-ab", type=int, default=0, metavar="BLOCK",
+                   help="under `turbotrain doctor`: after warm-up, turn the hook's timing off and "
+                        "on every BLOCK steps, and report both sides' block times (bench)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--fail-at", type=int, default=0, help="raise at this step (tests)")
@@ -112,7 +116,10 @@ def main(argv=None) -> int:
                 else contextlib.nullcontext())
     stream = batches(args, dataset(args), rank, world)
     started = None
+    ab = HookAB(args.hook_ab) if args.hook_ab else None
     for step in range(args.steps):
+        if ab is not None and step >= args.warmup:
+            ab.at_step(step - args.warmup)
         if step == args.fail_at and args.fail_at:
             raise RuntimeError(f"planted failure at step {step}")
         if step == args.warmup:
@@ -135,12 +142,40 @@ def main(argv=None) -> int:
     seconds = time.perf_counter() - started if started is not None else 0.0
     timed = args.steps - args.warmup
     images = timed * args.batch_size * args.accum
-    print("RESULT " + json.dumps({"rank": rank, "steps": timed, "seconds": round(seconds, 4),
-                                  "images_per_second": round(images / seconds, 2)
-                                  if seconds else None}), flush=True)
+    result = {"rank": rank, "steps": timed, "seconds": round(seconds, 4),
+              "images_per_second": round(images / seconds, 2) if seconds else None}
+    if ab is not None:
+        ab.at_step(timed)
+        result["hook_ab"] = ab.blocks
+    print("RESULT " + json.dumps(result), flush=True)
     if world > 1:
         torch.distributed.destroy_process_group()
     return args.exit_code
+
+
+class HookAB:
+    """The doctor hook's cost inside one process: blocks of steps timed with the hook's timing
+    on and off in turn (its patches pass straight through while off). Both sides share the
+    process's speed, which here differs from one process to the next by up to 4x for a
+    1.5 ms step, more than the cost being measured."""
+
+    def __init__(self, block: int):
+        patches = sys.modules.get("turbotrain_doctor.doctor_patches")  # doctor_run.HOOK_PACKAGE
+        self.clock = getattr(patches, "CLOCK", None)
+        if self.clock is None:
+            raise SystemExit("--hook-ab: run this script under `turbotrain doctor`")
+        self.block = block
+        self.blocks: dict[str, list[float]] = {"on": [], "off": []}
+        self.started = None
+
+    def at_step(self, timed_step: int) -> None:
+        if timed_step % self.block:
+            return
+        now = time.perf_counter()
+        if self.started is not None:
+            self.blocks["on" if self.clock.active else "off"].append(now - self.started)
+            self.clock.active = not self.clock.active
+        self.started = now
 
 
 if __name__ == "__main__":
