@@ -150,3 +150,18 @@ def test_a_val_loader_and_lightnings_module_take_them_too(tiny_dataset):
         TurbotrainDataModule(tiny_dataset, batch_size=8, aa="rand-x1")
     module = TurbotrainDataModule(tiny_dataset, batch_size=8, reprob=0.25, remode="rand")
     assert (module.options["reprob"], module.options["remode"]) == (0.25, "rand")
+
+
+def test_on_a_gpu_the_batch_search_reserves_the_stage_s_work_memory():
+    """The stage's float copies and sampling grid (~20 bytes a pixel) live beside the step on
+    the GPU: the batch search keeps room for them at the largest batch it may keep."""
+    from turbotrain.train.plan.augment_rule import work_bytes
+    gpu = PRESETS["h200"]
+    plain = plan(TrainConfig(data="d"), PHOTOS, gpu).batch_search
+    augmented = plan(TrainConfig(data="d", aa="trivial"), PHOTOS, gpu).batch_search
+    size = plan(TrainConfig(data="d"), PHOTOS, gpu).config.image_size
+    assert augmented.reserve_bytes - plain.reserve_bytes == work_bytes(augmented.bound, size)
+    assert work_bytes(256, 224) == pytest.approx(250e6, rel=0.05)
+    cpu = PRESETS["cpu2"]  # on a CPU the stage's memory is host memory, not the search's
+    assert (plan(TrainConfig(data="d", aa="trivial"), PHOTOS, cpu).batch_search.reserve_bytes
+            == plan(TrainConfig(data="d"), PHOTOS, cpu).batch_search.reserve_bytes)

@@ -24,3 +24,13 @@ def augmentation(policy: AugmentPolicy, device: str) -> Decision:
         reason += (f"; --color-jitter {policy.color_jitter:g} not applied: timm drops colour "
                    "jitter when --aa is set")
     return Decision(policy.describe(), reason)
+
+
+# Device memory pipeline/after_decode.py works in per image of S x S: a float copy of the image
+# (12 bytes a pixel) and a sampling grid for the geometric ops (8): ~250 MB at batch 256, 224 px.
+WORK_BYTES_PER_PIXEL = 20
+
+
+def work_bytes(batch_size: int, image_size: int) -> int:
+    """The augmentation stage's device memory for a batch (the batch search reserves it)."""
+    return WORK_BYTES_PER_PIXEL * batch_size * image_size * image_size

@@ -38,7 +38,7 @@ from ..models.models import get_model_spec
 from turbotrain.pipeline import augment
 
 from . import early_stop, eval_rules, recipe, resolution, rules
-from .augment_rule import augmentation
+from .augment_rule import augmentation, work_bytes
 from .budget_size import budget_size
 from .decision import labelled
 from .device_choice import device_choices, pick_channels_last, pick_device
@@ -354,6 +354,10 @@ def _batch(d: dict, config: TrainConfig, facts: DatasetFacts, machine: Machine, 
                                         facts.train_count // machine.world_size, config.epochs),
         global_batch=config.global_batch_size, world_size=machine.world_size,
         count=facts.train_count, reserve_bytes=reserve)
+    if config.device.startswith("cuda") and config.augment_policy().enabled:
+        # the augmentation stage's work memory at the largest batch the search may keep
+        search = dataclasses.replace(search, reserve_bytes=search.reserve_bytes + work_bytes(
+            search.bound, config.image_size))
     if observed.batch_fit is None:
         d["batch_size"] = Decision(search, f"{search.why}; the largest that fits is measured "
                                    "at start (batch_finder)")
