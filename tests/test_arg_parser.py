@@ -56,6 +56,14 @@ def test_command_parsers_refuse_prefixes_and_suggest_the_whole_flag(capsys):
                                     "mean --epochs? (flags are not abbreviated)")
 
 
+def test_every_commands_help_renders():
+    # argparse %-formats each help string: a bare "27 % dearer" ("% d" is a conversion) made
+    # `train --help` end in a TypeError traceback
+    for command in COMMANDS:
+        sub = build_parser(command)._subparsers._group_actions[0].choices[command]
+        assert f"usage: turbotrain {command}" in sub.format_help(), command
+
+
 def test_train_takes_the_aliases_that_mean_its_own_flags():
     args = build_parser("train").parse_args(
         ["train", "--data", "d", "-b", "8", "--grad-accum-steps", "2", "--num-workers", "1",

@@ -82,7 +82,7 @@ class TrainConfig:
                               "recipes): a fixed [1 2 1] x [1 2 1] low-pass before every "
                               "strided conv with 16+ input channels, and max-pools that "
                               "downsample become max then blur; off: on a 2-core CPU it reached "
-                              "the same accuracy later (each epoch 27 % dearer; docs/TRAINING.md)",
+                              "the same accuracy later (each epoch 27 %% dearer; docs/TRAINING.md)",
                               "model")
     channels_last: bool | None = _setting(None, "channels_last model and input; auto: on for "
                                           "conv nets", "model")
