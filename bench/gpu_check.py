@@ -406,18 +406,17 @@ def markdown(result: dict) -> str:
         rows.append([r["pipeline"], common.rate(r.get("alone")), common.rate(r.get("train")),
                      common.percent(share), f"failed: {r['error']}" if r.get("error") else
                      f"< {GOAL:.0%}" if low else ""])
-    lines = [f"{result['device']}, torch {result['torch']}: {settings['model']} training at "
-             f"{settings['image_size']} px, batch {settings['batch_size']} (bf16, channels_last, "
-             "torch.compile) fed by each pipeline, against the same step on a synthetic batch "
-             "already on the GPU.", "",
-             *common.md_table(["pipeline", "loader alone (images/s)", "training (images/s)",
-                               "of synthetic bound", ""], rows)]
-    if result.get("checks"):
-        lines += common.md_table(["check", "result", "detail"],
-                                 [[c["check"], "ok" if c["ok"] else "**FAILED**", c["detail"]]
-                                  for c in result["checks"]])
-    lines += [f"- {note}" for note in result.get("notes", [])]
-    return "\n".join(lines)
+    return common.markdown(
+        f"{result['device']}, torch {result['torch']}: {settings['model']} training at "
+        f"{settings['image_size']} px, batch {settings['batch_size']} (bf16, channels_last, "
+        "torch.compile) fed by each pipeline, against the same step on a synthetic batch already "
+        "on the GPU.",
+        common.md_table(["pipeline", "loader alone (images/s)", "training (images/s)",
+                         "of synthetic bound", ""], rows),
+        common.md_table(["check", "result", "detail"],
+                        [[c["check"], "ok" if c["ok"] else "**FAILED**", c["detail"]]
+                         for c in result["checks"]]) if result.get("checks") else None,
+        [f"- {note}" for note in result.get("notes", [])])
 
 
 if __name__ == "__main__":
