@@ -437,8 +437,7 @@ def markdown(result: dict) -> str:
         common.md_table(["pipeline", "images/s", "images per CPU-second", "what"], rows),
         common.md_table(["ours / theirs", "goal", "ratio (images/s)", "ratio (per CPU-second)",
                          ""], ratios),
-        *([f"![images/s per pipeline](bench/results/{result['plot']})"]
-          if result.get("plot") else []))
+        f"![images/s per pipeline](bench/results/{result['plot']})" if result.get("plot") else None)
 
 
 # -- the parent: data, rounds, table --------------------------------------------------------------
