@@ -122,7 +122,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/augment.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
     return common.markdown(
         f"The augmentations after decode on {result['device']}: batch {result['batch_size']}, "
         f"{result['batches']} timed batches, best of {result['rounds']} rounds, "

@@ -266,7 +266,6 @@ def goals(result: dict) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/doctor.json as BENCHMARKS.md shows it."""
     def best(rates: list) -> str | None:
         return common.rate(max(filter(None, rates), default=None))
     return common.markdown(

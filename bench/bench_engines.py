@@ -114,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/engines.json as BENCHMARKS.md shows it."""
     entries = result["results"]
     base = (entries.get("pytorch") or {}).get("images_per_second")
     photos = result["photos"]

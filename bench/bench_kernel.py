@@ -392,7 +392,6 @@ def _kept_line(result: dict) -> str:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/kernel.json as BENCHMARKS.md shows it."""
     def kept_table(results: dict) -> list[str]:
         return common.md_table(
             ["loader", "alone (images/s)", "beside a busy thread", "kept"],

@@ -263,7 +263,6 @@ def resnet50_costs(sizes, steps: int | None, batch: int | None) -> list[dict]:
 
 # == the section in BENCHMARKS.md ================================================================
 def markdown(data: dict) -> str:
-    """bench/results/levers.json as BENCHMARKS.md shows it (and main prints)."""
     def points(diff: float | None) -> str:
         return "n/a" if diff is None else f"{100 * diff:+.2f} pt"
     rows, summary = [], []

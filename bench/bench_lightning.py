@@ -141,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/lightning.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
     profile = result.get("profile")
     if profile:
         where = [f"Where the fit's {profile['fit_seconds']:.1f} s went (Lightning's "

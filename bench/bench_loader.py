@@ -235,7 +235,6 @@ def against_train(result: dict, ours: str, what: str) -> list:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/loader.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
     return common.markdown(*against_train(result, "loader", "`turbotrain.Loader` in a plain "
                                           "loop (forward, cross-entropy, backward, SGD step)"))
 

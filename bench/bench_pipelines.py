@@ -418,7 +418,6 @@ def plot(report: dict, path: Path) -> Path | None:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/pipelines.json as BENCHMARKS.md shows it."""
     photos, cifar = result["photos"], result["cifar"]
     rows = [[f"`{name}`", common.rate(r["images_per_second"]),
              common.rate(r["images_per_cpu_second"]),

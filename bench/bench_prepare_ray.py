@@ -138,7 +138,6 @@ def _same_bytes(a: Path, b: Path) -> bool:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/prepare_ray.json as BENCHMARKS.md shows it."""
     start = result.get("cluster_start_seconds")
     return common.markdown(
         f"The same photo-like 500x375 q90 JPEGs, --shard-size {result['shard_size']}, on "

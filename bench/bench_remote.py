@@ -296,7 +296,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/remote.json as BENCHMARKS.md shows it."""
     split, read, ratios = result["split"], result["read"], result["ratios"]
     rate, times = common.rate, common.times
     return common.markdown(

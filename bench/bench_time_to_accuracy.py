@@ -504,7 +504,6 @@ def plot(report: dict, path: Path) -> Path | None:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/time_to_accuracy.json as BENCHMARKS.md shows it."""
     target, epochs = result["target"], result["epochs"]
     user = result.get("plain_pytorch_user_recipe") or {}
 

@@ -394,8 +394,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/gpu_check.json as BENCHMARKS.md shows it (bench/report.py joins them);
-    plain words when it holds only the CPU smoke run."""
     settings = result["settings"]
     if settings.get("device") != "cuda":
         return "**Not measured** on a GPU: gpu_check.json holds only the CPU smoke run."
