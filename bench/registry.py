@@ -7,17 +7,13 @@ writes bench/results/NAME.json through `common.write_results` and has `markdown(
 bench/NOTES.md. Not benchmarks of their own: gpu_all.py, gpu_sources.py and gpu_train.py (parts
 of gpu_check.py), bf16_probe.py (`make bf16-probe`, a diagnosis), common.py (what they share).
 
-`CONTENDERS` names every input pipeline (and whole training script) the tables set side by
-side, once, with whose code it is: a name of ours is that turbotrain pipeline as `--pipeline`
-takes it, or a variant; `plain_LIBRARY` is another library used directly, as its own
-documentation shows (`plain_ffcv` is FFCV's Loader with its own decoder; `ffcv` is our pipeline
-that runs FFCV's Loader inside).
+`CONTENDERS` names every input pipeline (and whole training script) the tables set side by side,
+once, with whose code it is, as BENCHMARKS.md's Contenders table explains (`plain_ffcv` is FFCV's
+Loader with its own decoder; `ffcv` is our pipeline that runs FFCV's Loader inside).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-RESULTS_FOLDER = "bench/results"  # where every script writes NAME.json, from the repo root
 
 
 @dataclass(frozen=True)
@@ -33,13 +29,8 @@ class Benchmark:
 
     @property
     def command(self) -> str:
-        """The run `make bench` makes: the command BENCHMARKS.md shows unless the JSON holds
-        the one that made it."""
+        """The run `make bench` makes; BENCHMARKS.md shows it unless the JSON holds its own."""
         return " ".join(["python", f"bench/{self.script}", *self.args])
-
-    @property
-    def results_file(self) -> str:
-        return f"{RESULTS_FOLDER}/{self.name}.json"
 
 
 BENCHMARKS = (

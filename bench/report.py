@@ -1,9 +1,7 @@
-"""BENCHMARKS.md from bench/results/*.json and the hand-kept bench/NOTES.md (rendered, never
-measured; `bench/run_all.py`, alone with `--render-only`). Each benchmark owns its table:
-`markdown(result)` in its script (bench/registry.py); this file only orders and joins them, after
-the Machines table (each machine once, as a letter), the Goals table (every goal each result
-recorded) and the Contenders table. A benchmark without a result file says "not measured": a
-figure is shown only from the file its own script wrote.
+"""BENCHMARKS.md from bench/results/*.json and the hand-kept bench/NOTES.md (`bench/run_all.py`,
+alone with `--render-only`). Each benchmark's script renders its own table (bench/registry.py);
+this file orders and joins them after the Machines, Goals and Contenders tables. A benchmark
+without a result file says "not measured": a figure comes only from the file its script wrote.
 """
 from __future__ import annotations
 
@@ -103,8 +101,8 @@ def section(bench: Benchmark, data: dict | None, status: dict | None, note, lett
              "", *status_lines(status, data)]
     if data is None:
         why = "it needs a CUDA GPU; " if bench.needs_cuda else ""
-        return lines + [f"**Not measured** ({why}no {bench.results_file} written by "
-                        f"bench/{bench.script}).", "", *note_lines(note, None)]
+        return lines + [f"**Not measured** ({why}no {RESULTS_DIR.relative_to(REPO)}/{bench.name}"
+                        f".json written by bench/{bench.script}).", "", *note_lines(note, None)]
     machine = data.get("machine") or {}
     measured = data.get("measured", "")[:16].replace("T", " ")
     table = importlib.import_module(Path(bench.script).stem).markdown(data)
