@@ -24,9 +24,9 @@ OUTPUT = REPO / "BENCHMARKS.md"
 NOTES = ROOT / "NOTES.md"
 RUN_ALL_NAME = "run_all.json"  # per-script status of the last suite run, written by run_all.py
 # What makes two result files one machine (the load and the commit vary from run to run).
-MACHINE_COLUMNS = (("cpu", "CPU"), ("cores", "cores"), ("simd", "SIMD"), ("flags", "flags"),
-                   ("ram_gib", "RAM (GiB)"), ("gpu", "GPU"), ("torch", "torch"),
-                   ("python", "Python"), ("platform", "platform"))
+MACHINE_COLUMNS = {"cpu": "CPU", "cores": "cores", "simd": "SIMD", "flags": "flags",
+                   "ram_gib": "RAM (GiB)", "gpu": "GPU", "torch": "torch", "python": "Python",
+                   "platform": "platform"}  # key in the JSON: title
 NOTE_HEADING = re.compile(r"## (?P<name>\w+)(?: \(about the results of "
                           r"(?P<about>\d{4}-\d\d-\d\d \d\d:\d\d)\))?\s*$")
 
@@ -92,7 +92,7 @@ def goal_row(name: str, g: dict) -> list:
 def machine_key(machine: dict) -> tuple:
     return tuple("not recorded" if k not in machine else "none" if machine[k] in (None, []) else
                  ", ".join(machine[k]) if isinstance(machine[k], list) else str(machine[k])
-                 for k, _ in MACHINE_COLUMNS)
+                 for k in MACHINE_COLUMNS)
 
 
 def section(bench: Benchmark, data: dict | None, status: dict | None, note, letter) -> list[str]:
@@ -115,7 +115,6 @@ def section(bench: Benchmark, data: dict | None, status: dict | None, note, lett
 
 def render(results: Path = RESULTS_DIR, output: Path = OUTPUT, notes: Path = NOTES) -> Path:
     """Writes `output` from the JSON in `results` and the notes file; returns it."""
-    results, output = Path(results), Path(output)
     statuses = (load(results / RUN_ALL_NAME) or {}).get("benchmarks", {})
     hand_kept = read_notes(notes)
     machines: dict[tuple, list] = {}  # key: [letter, *key, the sections it measured]
@@ -137,7 +136,7 @@ def render(results: Path = RESULTS_DIR, output: Path = OUTPUT, notes: Path = NOT
            "hand-written `bench/NOTES.md`; `python bench/run_all.py --render-only` rebuilds "
            "this file from them. A section without its script's result file says *not "
            "measured*.", "", "## Machines", "",
-           *md_table(["machine", *(title for _, title in MACHINE_COLUMNS), "sections"],
+           *md_table(["machine", *MACHINE_COLUMNS.values(), "sections"],
                      [[*row[:-1], ", ".join(row[-1])] for row in machines.values()]),
            "## Goals", "", *md_table(["benchmark", "comparison", "goal", "measured", ""], goals),
            "## Contenders", "",

@@ -223,12 +223,10 @@ def test_the_plots_are_drawn_beside_the_results(tmp_path):
 # -- run_all and the registry ---------------------------------------------------------------------
 @pytest.mark.usefixtures("child_processes")
 def test_run_all_records_absent_failed_and_ok_scripts(tmp_path, monkeypatch):
-    scripts = tmp_path / "bench"
-    scripts.mkdir()
-    (scripts / "bench_ok.py").write_text("print('fine')\n")
-    (scripts / "bench_bad.py").write_text("import sys\nprint('something broke')\nsys.exit(3)\n")
-    (scripts / "bench_hangs.py").write_text("import time\ntime.sleep(60)\n")
-    monkeypatch.setattr(run_all, "ROOT", scripts)
+    (tmp_path / "bench_ok.py").write_text("print('fine')\n")
+    (tmp_path / "bench_bad.py").write_text("import sys\nprint('something broke')\nsys.exit(3)\n")
+    (tmp_path / "bench_hangs.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setattr(run_all, "ROOT", tmp_path)
     suite = [*(run_all.Benchmark(name, name) for name in ("ok", "bad", "missing")),
              run_all.Benchmark("gpu", "GPU", needs_cuda=True, script="bench_ok.py")]
     statuses = {b.name: run_all.run_one(b, gpu=None, timeout=30) for b in suite}
