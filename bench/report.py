@@ -77,8 +77,7 @@ def status_lines(status: dict | None, data: dict | None) -> list[str]:
 
 
 def goal_row(name: str, g: dict) -> list:
-    """A recorded goal: a ratio (common.ratio_goal), a time limit ("goal_seconds"), a worded
-    goal (common.worded_goal) or gpu_check's."""
+    """A goal's row: a ratio_goal, a time limit (goal_seconds), a worded_goal or gpu_check's."""
     if "goal_seconds" in g:
         return [name, g["what"], f"< {g['goal_seconds']:g} s", f"{g['seconds']:.2f} s",
                 verdict(g["met"])]
