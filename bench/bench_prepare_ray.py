@@ -150,8 +150,7 @@ def markdown(result: dict) -> str:
         common.md_table(["photos", "parts", "--engine local (images/s)",
                          "--engine ray (images/s)", "ratio", "Ray's overhead (s)",
                          "driver (parts/s)", "byte-identical"],
-                        [[f"{s['images']:,}", s["parts"],
-                          common.rate(s["local_images_per_second"]),
+                        [[f"{s['images']:,}", s["parts"], common.rate(s["local_images_per_second"]),
                           common.rate(s["ray_images_per_second"]), common.times(s["ratio"]),
                           common.decimal(s.get("overhead_seconds")),
                           s.get("driver_parts_per_second"), s.get("byte_identical")]
