@@ -122,7 +122,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/augment.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
     return common.markdown(
         f"The augmentations after decode on {result['device']}: batch {result['batch_size']}, "
         f"{result['batches']} timed batches, best of {result['rounds']} rounds, "
@@ -130,13 +129,12 @@ def markdown(result: dict) -> str:
         "runs (pipeline/after_decode.py); torchvision's v2 transform of the same kind runs "
         "one image at a time on the same tensors. No numeric goal: this is the price of "
         "turning them on, to set beside the training step's time.",
-        common.md_table(
-            ["flags", "px", "ours ms/batch", "ours images/s", "torchvision (per image)",
-             "its ms/batch", "ours faster"],
-            [[r["policy"], r["image_size"], common.decimal(r["ours_ms"], 2),
-              common.rate(r["ours_images_per_second"]), r.get("torchvision"),
-              common.decimal(r.get("torchvision_ms"), 2), common.times(r.get("speedup"))]
-             for r in result["results"]]))
+        common.md_table(["flags", "px", "ours ms/batch", "ours images/s", "torchvision (per image)",
+                         "its ms/batch", "ours faster"],
+                        [[r["policy"], r["image_size"], common.decimal(r["ours_ms"], 2),
+                          common.rate(r["ours_images_per_second"]), r.get("torchvision"),
+                          common.decimal(r.get("torchvision_ms"), 2),
+                          common.times(r.get("speedup"))] for r in result["results"]]))
 
 
 if __name__ == "__main__":

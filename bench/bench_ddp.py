@@ -173,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/ddp.json as BENCHMARKS.md shows it."""
     def reduce(r: dict) -> str | None:
         a = r.get("gradient_allreduce")
         return a and f"{a['gradient_megabytes']:.1f} MB in {a['median_ms']:.2f} ms (median)"

@@ -157,15 +157,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/demo.json as BENCHMARKS.md shows it."""
     demo, budgets = result["demo"], result["budgets"]
-    if demo.get("outcome") == "target_accuracy":
-        ending = (f"; it stopped at epoch {demo['target_reached_epoch']}, the first to reach its "
-                  f"{common.percent(demo['target_accuracy'])} target (time budget "
-                  f"{demo['time_budget_seconds']:g} s)")
-    else:
-        budget = demo.get("time_budget_seconds")
-        ending = f"; it ran to its {budget:g} s time budget" if budget else ""
+    budget = demo.get("time_budget_seconds")
+    ending = (f"; it stopped at epoch {demo['target_reached_epoch']}, the first to reach its "
+              f"{common.percent(demo['target_accuracy'])} target (time budget {budget:g} s)"
+              if demo.get("outcome") == "target_accuracy" else
+              f"; it ran to its {budget:g} s time budget" if budget else "")
     flags = " ".join(budgets[0].get("flags") or []) if budgets else ""
     return common.markdown(
         f"`turbotrain demo`, end to end in a fresh process: training **{demo['train_seconds']} "

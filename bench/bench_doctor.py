@@ -266,29 +266,26 @@ def goals(result: dict) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/doctor.json as BENCHMARKS.md shows it."""
-    rows = []
-    for c in result.get("cases", []):
-        found = c.get("top") or c.get("skipped") or c.get("error")
-        error = c.get("error_pct")
-        rows.append([c["case"], f"`{c.get('expected')}`", found, common.times(c.get("predicted")),
-                     common.times(c.get("measured")),
-                     None if error is None else f"{error:+.0f}%"])
-    intro = (f"`turbotrain doctor` on bench/doctor_script.py with one planted mistake each "
-             f"({result.get('cores')} cores, native bf16: {result.get('cpu_native_bf16')}); the "
-             f"top finding's change applied; speedup of the script's own images/s, best of "
-             f"{result.get('rounds')} runs before and after, {result.get('steps')} timed "
-             "steps.")
-    return common.markdown(intro, common.md_table(
-        ["planted mistake", "expected finding", "top finding", "predicted", "measured",
-         "predicted vs measured"], rows), common.md_table(
-        ["hook overhead on", "timed steps", "block pairs (on, off)", "overhead",
-         "images/s without the doctor (best)", "under it (best)"],
-        [[h.get("case"), h.get("steps"), h.get("pairs"),
-          None if h.get("overhead_pct") is None else f"{h['overhead_pct']:.1f}%",
-          common.rate(max(filter(None, h.get("without", [])), default=None)),
-          common.rate(max(filter(None, h.get("with_hook", [])), default=None))]
-         for h in result.get("overhead", [])]))
+    def best(rates: list) -> str | None:
+        return common.rate(max(filter(None, rates), default=None))
+    return common.markdown(
+        f"`turbotrain doctor` on bench/doctor_script.py with one planted mistake each "
+        f"({result.get('cores')} cores, native bf16: {result.get('cpu_native_bf16')}); the top "
+        f"finding's change applied; speedup of the script's own images/s, best of "
+        f"{result.get('rounds')} runs before and after, {result.get('steps')} timed steps.",
+        common.md_table(["planted mistake", "expected finding", "top finding", "predicted",
+                         "measured", "predicted vs measured"],
+                        [[c["case"], f"`{c.get('expected')}`",
+                          c.get("top") or c.get("skipped") or c.get("error"),
+                          common.times(c.get("predicted")), common.times(c.get("measured")),
+                          None if c.get("error_pct") is None else f"{c['error_pct']:+.0f}%"]
+                         for c in result.get("cases", [])]),
+        common.md_table(["hook overhead on", "timed steps", "block pairs (on, off)", "overhead",
+                         "images/s without the doctor (best)", "under it (best)"],
+                        [[h.get("case"), h.get("steps"), h.get("pairs"),
+                          None if h.get("overhead_pct") is None else f"{h['overhead_pct']:.1f}%",
+                          best(h.get("without", [])), best(h.get("with_hook", []))]
+                         for h in result.get("overhead", [])]))
 
 
 if __name__ == "__main__":

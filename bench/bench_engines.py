@@ -114,10 +114,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/engines.json as BENCHMARKS.md shows it."""
-    entries = result["results"]
+    entries, photos = result["results"], result["photos"]
     base = (entries.get("pytorch") or {}).get("images_per_second")
-    photos = result["photos"]
     return common.markdown(
         f"Our pipelines through the registry, as the trainer builds them: {photos['images']} "
         f"JPEGs {photos['size']}, RandomResizedCrop {photos['image_size']} + flip, batch "

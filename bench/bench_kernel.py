@@ -392,7 +392,6 @@ def _kept_line(result: dict) -> str:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/kernel.json as BENCHMARKS.md shows it."""
     def kept_table(results: dict) -> list[str]:
         return common.md_table(
             ["loader", "alone (images/s)", "beside a busy thread", "kept"],
@@ -400,6 +399,10 @@ def markdown(result: dict) -> str:
               f"{r['kept']:.0%}" if "kept" in r else f"failed: {r.get('error')}"]
              for name, r in results.items()])
     stages, feed, use = result.get("stages"), result.get("feed") or {}, result.get("use")
+    stage_rows = [[what, common.decimal(stages[key]["python_per_batch_us"] / result["batch_size"]),
+                   common.rate(stages[key]["decode_us"]), common.rate(stages[key]["resize_us"])]
+                  for key, what in (("region", "region decode (the pipelines')"),
+                                    ("full", "full decode, then crop"))] if stages else []
     return common.markdown(
         f"The compiled decode kernel. {result['images']} photo-like JPEGs {result['size']}, "
         f"RandomResizedCrop {result['image_size']} + flip, batch {result['batch_size']}, every "
@@ -415,23 +418,17 @@ def markdown(result: dict) -> str:
           if result.get("modes") else []),
         *(["Where one sample's time goes, one thread (µs per image; *Python* is the per-batch "
            "table building divided by the batch):",
-           common.md_table(["kernel", "Python", "decode", "resize + flip"],
-                           [[what, common.decimal(stages[key]["python_per_batch_us"]
-                                                  / result["batch_size"]),
-                             common.rate(stages[key]["decode_us"]),
-                             common.rate(stages[key]["resize_us"])]
-                            for key, what in (("region", "region decode (the pipelines')"),
-                                              ("full", "full decode, then crop"))]),
+           common.md_table(["kernel", "Python", "decode", "resize + flip"], stage_rows),
            f"The Python decode path: {common.rate(stages['python_path_us'])} µs per image, "
            "everything included."] if stages else []),
-        *([f"DALI's feed (graph_inputs' payloads and header checks): {feed['before_us']:.1f} µs "
-           f"per image as a per-sample Python loop, {feed['after_us']:.1f} µs vectorised with "
-           "one native header check per batch."] if "before_us" in feed else []),
-        *([common.md_table(["", "predict input (images/s)", "resident load (s)"],
-                           [[what, common.rate(use[key]["predict_images_per_second"]),
-                             f"{use[key]['resident_load_s']:.2f} s"]
-                            for key, what in (("python", "Python decode path (before)"),
-                                              ("native", "native kernel"))])] if use else []))
+        f"DALI's feed (graph_inputs' payloads and header checks): {feed['before_us']:.1f} µs per "
+        f"image as a per-sample Python loop, {feed['after_us']:.1f} µs vectorised with one native "
+        "header check per batch." if "before_us" in feed else None,
+        common.md_table(["", "predict input (images/s)", "resident load (s)"],
+                        [[what, common.rate(use[key]["predict_images_per_second"]),
+                          f"{use[key]['resident_load_s']:.2f} s"]
+                         for key, what in (("python", "Python decode path (before)"),
+                                           ("native", "native kernel"))]) if use else None)
 
 
 if __name__ == "__main__":

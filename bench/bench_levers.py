@@ -263,7 +263,6 @@ def resnet50_costs(sizes, steps: int | None, batch: int | None) -> list[dict]:
 
 # == the section in BENCHMARKS.md ================================================================
 def markdown(data: dict) -> str:
-    """bench/results/levers.json as BENCHMARKS.md shows it (and main prints)."""
     def points(diff: float | None) -> str:
         return "n/a" if diff is None else f"{100 * diff:+.2f} pt"
     rows, summary = [], []
@@ -281,10 +280,9 @@ def markdown(data: dict) -> str:
                        f"to the fixed arm's accuracy (goal >= {GOALS[name]:g}x), final accuracy "
                        f"{points(case.get('accuracy_difference'))}")
     photos, costs = data.get("photos", {}), data.get("resnet50", [])
-    blur = photos.get("levers_blurpool_speedup")
+    blur = common.times(photos.get("levers_blurpool_speedup")) or "n/a"
     return common.markdown(
-        *(["**Smoke run (--quick) on tiny data: not a measurement.**"] if data.get("quick")
-          else []),
+        "**Smoke run (--quick) on tiny data: not a measurement.**" if data.get("quick") else None,
         "Each case trains twice per round, arms alternating: the levers as the plan sets them "
         f"(progressive resizing: {'yes' if data.get('progressive') else 'not in this build'}, "
         "test-time resolution, flip TTA) and the same command with them off. Target: the fixed "
@@ -292,9 +290,9 @@ def markdown(data: dict) -> str:
         "at it (evaluations included).",
         common.md_table(["case", "arm", "epochs", "model", "train / eval px", "TTA",
                          "final accuracy", "eval s", "run s"], rows), "; ".join(summary) + ".",
-        *([f"With --blurpool on top (photos): {'n/a' if blur is None else f'{blur:.2f}x'} sooner, "
-           f"final accuracy {points(photos.get('levers_blurpool_accuracy_difference'))} (no goal: "
-           "what --blurpool's default waits for)."] if "levers_blurpool" in photos else []),
+        f"With --blurpool on top (photos): {blur} sooner, final accuracy "
+        f"{points(photos.get('levers_blurpool_accuracy_difference'))} (no goal: what --blurpool's "
+        "default waits for)." if "levers_blurpool" in photos else None,
         *([f"resnet50 training step per size ({costs[0]['device']}, {costs[0]['precision']}, "
            f"batch {costs[0]['batch_size']}):",
            common.md_table(["px", "images/s", "ImageNet epoch s", "cost vs 224", "pixels vs 224"],

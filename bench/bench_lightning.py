@@ -141,20 +141,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/lightning.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
-    lines = bench_loader.against_train(result, "lightning", "Lightning's `Trainer.fit` with "
-                                       "`TurbotrainDataModule` (no logger, progress bar or "
-                                       "checkpoints)")
     profile = result.get("profile")
     if profile:
-        lines += [f"Where the fit's {profile['fit_seconds']:.1f} s went (Lightning's "
-                  "SimpleProfiler, one more run; nested actions include their children):", "",
-                  *common.md_table(["action", "seconds"], [[f"`{action}`", f"{seconds:.3f}"]
-                                                           for action, seconds in
-                                                           profile["actions"].items()])]
-    elif result.get("profile_error"):
-        lines.append(f"The profiled run failed: {result['profile_error']}")
-    return "\n".join(lines)
+        where = [f"Where the fit's {profile['fit_seconds']:.1f} s went (Lightning's "
+                 "SimpleProfiler, one more run; nested actions include their children):",
+                 common.md_table(["action", "seconds"], [[f"`{action}`", f"{seconds:.3f}"]
+                                 for action, seconds in profile["actions"].items()])]
+    else:
+        where = [f"The profiled run failed: {result['profile_error']}"
+                 if result.get("profile_error") else None]
+    return common.markdown(*bench_loader.against_train(
+        result, "lightning", "Lightning's `Trainer.fit` with `TurbotrainDataModule` (no logger, "
+        "progress bar or checkpoints)"), *where)
 
 
 if __name__ == "__main__":

@@ -219,9 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def against_train(result: dict, ours: str, what: str) -> list[str]:
-    """The lines of a section that sets `ours` against `train` on the same settings (this
-    benchmark's and bench_lightning.py's)."""
+def against_train(result: dict, ours: str, what: str) -> list:
+    """The common.markdown parts of a section setting `ours` against `train` on the same
+    settings (this benchmark's and bench_lightning.py's)."""
     rows = [[f"`{name}`", common.rate(result["results"][name]["images_per_second"])
              or common.run_error(result["results"][name].get("runs", [])), label]
             for name, label in ((ours, what), ("train", "the `train` command (its summary.json)"))]
@@ -230,14 +230,13 @@ def against_train(result: dict, ours: str, what: str) -> list[str]:
             f"photos: {result['steps']} steps of which {result['warmup_steps']} warm-up, "
             f"{result['rounds']} interleaved rounds (the order swapped every round), each run in "
             f"a fresh process; images/s: the best run. {ours} / train, the median of the rounds' "
-            f"ratios: **{common.times(result['ratio'])}**.", "",
-            *common.md_table(["contender", "images/s", "what"], rows)]
+            f"ratios: **{common.times(result['ratio'])}**.",
+            common.md_table(["contender", "images/s", "what"], rows)]
 
 
 def markdown(result: dict) -> str:
-    """bench/results/loader.json as BENCHMARKS.md shows it (bench/report.py joins them)."""
-    return "\n".join(against_train(result, "loader", "`turbotrain.Loader` in a plain loop "
-                                   "(forward, cross-entropy, backward, SGD step)"))
+    return common.markdown(*against_train(result, "loader", "`turbotrain.Loader` in a plain "
+                                          "loop (forward, cross-entropy, backward, SGD step)"))
 
 
 if __name__ == "__main__":

@@ -248,7 +248,6 @@ def _read(path: Path) -> str | None:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/order.json as BENCHMARKS.md shows it."""
     rows = []
     for name, what in result["contenders"].items():
         best = result["best"].get(name) or {}

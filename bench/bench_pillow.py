@@ -199,7 +199,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/pillow.json as BENCHMARKS.md shows it."""
     if result.get("skipped"):
         return f"Not measured: {result['skipped']}."
     ratios = result["ratios"]

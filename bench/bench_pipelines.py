@@ -418,7 +418,6 @@ def plot(report: dict, path: Path) -> Path | None:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/pipelines.json as BENCHMARKS.md shows it."""
     photos, cifar = result["photos"], result["cifar"]
     rows = [[f"`{name}`", common.rate(r["images_per_second"]),
              common.rate(r["images_per_cpu_second"]),
@@ -437,8 +436,7 @@ def markdown(result: dict) -> str:
         common.md_table(["pipeline", "images/s", "images per CPU-second", "what"], rows),
         common.md_table(["ours / theirs", "goal", "ratio (images/s)", "ratio (per CPU-second)",
                          ""], ratios),
-        *([f"![images/s per pipeline](bench/results/{result['plot']})"]
-          if result.get("plot") else []))
+        f"![images/s per pipeline](bench/results/{result['plot']})" if result.get("plot") else None)
 
 
 # -- the parent: data, rounds, table --------------------------------------------------------------

@@ -229,7 +229,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/predict.json as BENCHMARKS.md shows it."""
     results, command = result["results"], result["results"]["command"]
     rows = [[f"input, {size} px", common.rate(r["predict"]), common.rate(r["eval_pipeline"]),
              common.times(r["ratio"])] for size, r in results["input"].items()]

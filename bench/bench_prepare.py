@@ -92,7 +92,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/prepare.json as BENCHMARKS.md shows it."""
     return common.markdown(
         "Photo-like 500x375 q90 JPEGs to a .beton, 2 workers each, each a fresh process "
         "(start-up counts), best of the repeats.",

@@ -138,7 +138,6 @@ def _same_bytes(a: Path, b: Path) -> bool:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/prepare_ray.json as BENCHMARKS.md shows it."""
     start = result.get("cluster_start_seconds")
     return common.markdown(
         f"The same photo-like 500x375 q90 JPEGs, --shard-size {result['shard_size']}, on "
@@ -151,8 +150,7 @@ def markdown(result: dict) -> str:
         common.md_table(["photos", "parts", "--engine local (images/s)",
                          "--engine ray (images/s)", "ratio", "Ray's overhead (s)",
                          "driver (parts/s)", "byte-identical"],
-                        [[f"{s['images']:,}", s["parts"],
-                          common.rate(s["local_images_per_second"]),
+                        [[f"{s['images']:,}", s["parts"], common.rate(s["local_images_per_second"]),
                           common.rate(s["ray_images_per_second"]), common.times(s["ratio"]),
                           common.decimal(s.get("overhead_seconds")),
                           s.get("driver_parts_per_second"), s.get("byte_identical")]

@@ -296,15 +296,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/remote.json as BENCHMARKS.md shows it."""
     split, read, ratios = result["split"], result["read"], result["ratios"]
     rate, times = common.rate, common.times
     return common.markdown(
-        f"Through `open_dataset`, against a local S3-compatible server (moto's, in the "
-        f"benchmark's process): every sample of a {split['shards']}-shard split of "
-        f"{split['samples']:,} raw {split['side']} px images, read shard after shard (shuffled "
-        "within each, no decode), each read in a fresh process, best of "
-        f"{result['rounds']} interleaved rounds.",
+        "Through `open_dataset`, against a local S3-compatible server (moto's, in the benchmark's "
+        f"process): every sample of a {split['shards']}-shard split of {split['samples']:,} raw "
+        f"{split['side']} px images, read shard after shard (shuffled within each, no decode), "
+        f"each read in a fresh process, best of {result['rounds']} interleaved rounds.",
         common.md_table(["read from", "samples/s", "MB/s of shards", "vs local"], [
             ["local folder", rate(read["local_images_per_second"]), None, None],
             ["s3://, warm cache", rate(read["warm_images_per_second"]), None,
@@ -323,8 +321,7 @@ def markdown(result: dict) -> str:
                           common.decimal(r.get("metadata_ms"), 2)]
                          for name, r in result["results"].items()]),
         f"obstore / s3fs: whole shards {times(ratios.get('whole'))}, metadata "
-        f"{times(ratios.get('metadata'))} faster (no goal: why turbotrain reads through "
-        "obstore).")
+        f"{times(ratios.get('metadata'))} faster (no goal: why turbotrain reads through obstore).")
 
 
 if __name__ == "__main__":

@@ -102,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/sources.json as BENCHMARKS.md shows it."""
     rates, ratios = result["images_per_second"], result["ratios"]
     return common.markdown(
         f"The same {result['images']} photo-like 500x375 q90 JPEGs as an ImageFolder, WebDataset "

@@ -504,10 +504,8 @@ def plot(report: dict, path: Path) -> Path | None:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/time_to_accuracy.json as BENCHMARKS.md shows it (bench/report.py joins
-    them)."""
     target, epochs = result["target"], result["epochs"]
-    user = result.get("plain_pytorch_user_recipe")
+    user = result.get("plain_pytorch_user_recipe") or {}
 
     def settings(side: dict) -> str:
         s = side.get("settings") or {}
@@ -518,39 +516,37 @@ def markdown(result: dict) -> str:
         return ", ".join(p for p in parts if p)
 
     def row(name: str, r: dict) -> list:
-        seconds = r.get("seconds_to_target")
-        return [name, "not reached" if seconds is None else f"{seconds:.1f}",
+        return [name, common.decimal(r.get("seconds_to_target")) or "not reached",
                 r.get("epochs_to_target"), common.percent(r.get("final_accuracy")),
                 common.decimal(r.get("seconds_per_epoch")), common.rate(r.get("images_per_second")),
                 common.decimal(r.get("process_seconds")), common.decimal(r.get("prepare_seconds"))]
     runs = [row("turbotrain", result["turbotrain"]), row("plain PyTorch", result["plain_pytorch"])]
-    lines = ["**Smoke run (--quick) on a slice of the data: not a measurement.**", ""] \
-        if result.get("quick") else []
-    lines += [
+    reached = "did not reach" if user.get("seconds_to_target") is None else "reached"
+    bound = "at least " if result.get("speedup_vs_user_recipe_is_lower_bound") else ""
+    return common.markdown(
+        "**Smoke run (--quick) on a slice of the data: not a measurement.**"
+        if result.get("quick") else None,
         f"Fashion-MNIST ({result['train_images']:,} train, {result['test_images']:,} test "
         f"images), {epochs} epoch{'' if epochs == 1 else 's'} each, compact28 on both sides; "
         f"`turbotrain train` with its defaults ({settings(result['turbotrain'])}) against a "
         f"plain PyTorch script ({settings(result['plain_pytorch'])}, per-sample torchvision "
         "transforms, DataLoader workers). Seconds to target: from the start of training, data "
-        "loading and evaluation included, to the end of the first evaluation at the target.", "",
-        *common.md_table(["run", f"seconds to {target:.0%}", "epochs", "final accuracy",
-                          "s per epoch", "train images/s", "process s", "prepare s"],
-                         runs + ([row("plain PyTorch, a user's recipe", user)] if user else [])),
+        "loading and evaluation included, to the end of the first evaluation at the target.",
+        common.md_table(["run", f"seconds to {target:.0%}", "epochs", "final accuracy",
+                         "s per epoch", "train images/s", "process s", "prepare s"],
+                        runs + ([row("plain PyTorch, a user's recipe", user)] if user else [])),
         f"Speedup: **{common.times(result['speedup']) or 'n/a'}** (goal >= {GOAL:g}x); counting "
         f"the one-off prepare: {common.times(result['speedup_with_prepare']) or 'n/a'}; per "
         f"epoch (after the first): {common.times(result['speedup_per_epoch']) or 'n/a'}. The "
-        "plain script runs the trainer's recipe, so that only the engineering differs.", ""]
-    if user:
-        bound = "at least " if result.get("speedup_vs_user_recipe_is_lower_bound") else ""
-        reached = "reached" if user.get("seconds_to_target") is not None else "did not reach"
-        lines += [f"With a user's recipe instead ({user['settings'].get('recipe', 'Adam')}), "
-                  f"the same plain script {reached} {target:.0%} in {epochs} epochs (final "
-                  f"{common.percent(user.get('final_accuracy'))}): turbotrain is {bound}"
-                  f"{common.times(result.get('speedup_vs_user_recipe')) or 'n/a'} faster to the "
-                  "target (no goal: this is what the recipe is worth on top).", ""]
-    if result.get("plot"):
-        lines.append(f"![val accuracy against wall time](bench/results/{result['plot']})")
-    return "\n".join(lines)
+        "plain script runs the trainer's recipe, so that only the engineering differs.",
+        None if not user else (
+            f"With a user's recipe instead ({user['settings'].get('recipe', 'Adam')}), the same "
+            f"plain script {reached} {target:.0%} in {epochs} epochs (final "
+            f"{common.percent(user.get('final_accuracy'))}): turbotrain is {bound}"
+            f"{common.times(result.get('speedup_vs_user_recipe')) or 'n/a'} faster to the target "
+            "(no goal: this is what the recipe is worth on top)."),
+        f"![val accuracy against wall time](bench/results/{result['plot']})"
+        if result.get("plot") else None)
 
 
 if __name__ == "__main__":

@@ -117,7 +117,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/train_precision.json as BENCHMARKS.md shows it."""
     return common.markdown(
         f"The trainer's step (uint8 stem, label-smoothed loss, Nesterov SGD) on data already in "
         f"memory: {result['threads']} torch threads, batch {result['batch_size']}, "

@@ -234,9 +234,10 @@ def md_table(headers: list[str], rows: list[list]) -> list[str]:
             *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows), ""]
 
 
-def markdown(*parts: str | list[str]) -> str:
-    """A section's text from paragraphs (str: a blank line follows each) and md_table's lines."""
-    return "\n".join(line for part in parts
+def markdown(*parts: str | list[str] | None) -> str:
+    """A section's text from paragraphs (str: a blank line follows each) and md_table's lines;
+    a part that is None (a paragraph or table this result has not) is left out."""
+    return "\n".join(line for part in parts if part is not None
                      for line in ([part, ""] if isinstance(part, str) else part))
 
 

@@ -394,8 +394,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict) -> str:
-    """bench/results/gpu_check.json as BENCHMARKS.md shows it (bench/report.py joins them);
-    plain words when it holds only the CPU smoke run."""
     settings = result["settings"]
     if settings.get("device") != "cuda":
         return "**Not measured** on a GPU: gpu_check.json holds only the CPU smoke run."
@@ -406,18 +404,17 @@ def markdown(result: dict) -> str:
         rows.append([r["pipeline"], common.rate(r.get("alone")), common.rate(r.get("train")),
                      common.percent(share), f"failed: {r['error']}" if r.get("error") else
                      f"< {GOAL:.0%}" if low else ""])
-    lines = [f"{result['device']}, torch {result['torch']}: {settings['model']} training at "
-             f"{settings['image_size']} px, batch {settings['batch_size']} (bf16, channels_last, "
-             "torch.compile) fed by each pipeline, against the same step on a synthetic batch "
-             "already on the GPU.", "",
-             *common.md_table(["pipeline", "loader alone (images/s)", "training (images/s)",
-                               "of synthetic bound", ""], rows)]
-    if result.get("checks"):
-        lines += common.md_table(["check", "result", "detail"],
-                                 [[c["check"], "ok" if c["ok"] else "**FAILED**", c["detail"]]
-                                  for c in result["checks"]])
-    lines += [f"- {note}" for note in result.get("notes", [])]
-    return "\n".join(lines)
+    return common.markdown(
+        f"{result['device']}, torch {result['torch']}: {settings['model']} training at "
+        f"{settings['image_size']} px, batch {settings['batch_size']} (bf16, channels_last, "
+        "torch.compile) fed by each pipeline, against the same step on a synthetic batch already "
+        "on the GPU.",
+        common.md_table(["pipeline", "loader alone (images/s)", "training (images/s)",
+                         "of synthetic bound", ""], rows),
+        common.md_table(["check", "result", "detail"],
+                        [[c["check"], "ok" if c["ok"] else "**FAILED**", c["detail"]]
+                         for c in result["checks"]]) if result.get("checks") else None,
+        [f"- {note}" for note in result.get("notes", [])])
 
 
 if __name__ == "__main__":

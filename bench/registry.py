@@ -1,84 +1,68 @@
 """The one list of benchmarks, and the one name of each contender they measure.
 
 `BENCHMARKS`: what `run_all.py` runs and `report.py` renders into BENCHMARKS.md, one section
-each, in this order. A benchmark NAME is a script that writes bench/results/NAME.json through
-`common.write_results` and has `markdown(result) -> str` (its section's table); NAME is also its
-`run_all.py --only NAME` and its `## NAME` in bench/NOTES.md. Not benchmarks of their own:
-gpu_all.py, gpu_sources.py and gpu_train.py (parts of gpu_check.py), bf16_probe.py (`make
-bf16-probe`, a diagnosis), common.py (what the scripts share).
+each, in this order. A benchmark NAME is a script (bench_NAME.py unless it names another) that
+writes bench/results/NAME.json through `common.write_results` and has `markdown(result) -> str`
+(its section's table); NAME is also its `run_all.py --only NAME` and its `## NAME` in
+bench/NOTES.md. Not benchmarks of their own: gpu_all.py, gpu_sources.py and gpu_train.py (parts
+of gpu_check.py), bf16_probe.py (`make bf16-probe`, a diagnosis), common.py (what they share).
 
-`CONTENDERS` names every input pipeline (and whole training script) the tables set side by
-side, once, with whose code it is: a name of ours is that turbotrain pipeline as `--pipeline`
-takes it, or a variant; `plain_LIBRARY` is another library used directly, as its own
-documentation shows (`plain_ffcv` is FFCV's Loader with its own decoder; `ffcv` is our pipeline
-that runs FFCV's Loader inside).
+`CONTENDERS` names every input pipeline (and whole training script) the tables set side by side,
+once, with whose code it is, as BENCHMARKS.md's Contenders table explains (`plain_ffcv` is FFCV's
+Loader with its own decoder; `ffcv` is our pipeline that runs FFCV's Loader inside).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-RESULTS_FOLDER = "bench/results"  # where every script writes NAME.json, from the repo root
-
 
 @dataclass(frozen=True)
 class Benchmark:
     name: str  # bench/results/<name>.json; run_all --only <name>; "## <name>" in NOTES.md
-    script: str  # under bench/
     title: str  # the heading of its section in BENCHMARKS.md
     args: tuple[str, ...] = ()  # what run_all passes beyond the script's defaults
     needs_cuda: bool = False  # run_all skips it on a machine without a CUDA GPU
+    script: str = ""  # under bench/; bench_<name>.py unless given
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "script", self.script or f"bench_{self.name}.py")
 
     @property
     def command(self) -> str:
-        """The run `make bench` makes: the command BENCHMARKS.md shows unless the JSON holds
-        the one that made it."""
+        """The run `make bench` makes; BENCHMARKS.md shows it unless the JSON holds its own."""
         return " ".join(["python", f"bench/{self.script}", *self.args])
-
-    @property
-    def results_file(self) -> str:
-        return f"{RESULTS_FOLDER}/{self.name}.json"
 
 
 BENCHMARKS = (
-    Benchmark("prepare", "bench_prepare.py", "Dataset conversion: prepare-dataset vs FFCV"),
-    Benchmark("sources", "bench_sources.py",
-              "Conversion speed by source: ImageFolder, WebDataset, Parquet"),
-    Benchmark("prepare_ray", "bench_prepare_ray.py",
+    Benchmark("prepare", "Dataset conversion: prepare-dataset vs FFCV"),
+    Benchmark("sources", "Conversion speed by source: ImageFolder, WebDataset, Parquet"),
+    Benchmark("prepare_ray",
               "Conversion on Ray: --engine ray vs --engine local on one machine (issue 34)"),
-    Benchmark("pipelines", "bench_pipelines.py",
-              "Input pipelines: ours vs FFCV, DALI, SPDL, torchvision"),
-    Benchmark("kernel", "bench_kernel.py",
-              "The compiled decode kernel: beside a busy thread, per stage"),
-    Benchmark("engines", "bench_engines.py",
-              "Our pipeline engines on one file: pytorch, dali, ffcv"),
-    Benchmark("pillow", "bench_pillow.py", "PIL decode + resize: pillow-simd vs pillow"),
-    Benchmark("train_precision", "bench_train_precision.py",
-              "Training step: precision and memory format"),
-    Benchmark("time_to_accuracy", "bench_time_to_accuracy.py",
-              "Time to 90 % on Fashion-MNIST (issue #5)"),
-    Benchmark("levers", "bench_levers.py",
-              "Time to accuracy: the plan's levers (progressive resizing, test-time resolution, "
-              "flip TTA) on vs off (issue 42)"),
+    Benchmark("pipelines", "Input pipelines: ours vs FFCV, DALI, SPDL, torchvision"),
+    Benchmark("kernel", "The compiled decode kernel: beside a busy thread, per stage"),
+    Benchmark("engines", "Our pipeline engines on one file: pytorch, dali, ffcv"),
+    Benchmark("pillow", "PIL decode + resize: pillow-simd vs pillow"),
+    Benchmark("train_precision", "Training step: precision and memory format"),
+    Benchmark("time_to_accuracy", "Time to 90 % on Fashion-MNIST (issue #5)"),
+    Benchmark("levers", "Time to accuracy: the plan's levers (progressive resizing, test-time "
+              "resolution, flip TTA) on vs off (issue 42)"),
     # issue 46: what --aa / --color-jitter / --reprob cost a batch, on the training device
-    Benchmark("augment", "bench_augment.py",
+    Benchmark("augment",
               "Augmentations after decode (--aa, --color-jitter, --reprob): cost per batch"),
-    Benchmark("ddp", "bench_ddp.py", "Several processes (DDP)"),
-    Benchmark("loader", "bench_loader.py", "Your own loop: turbotrain.Loader vs train"),
-    Benchmark("lightning", "bench_lightning.py", "Lightning: TurbotrainDataModule vs train"),
-    Benchmark("predict", "bench_predict.py",
-              "Using a model: predict vs the eval pipeline, and load time"),
-    Benchmark("order", "bench_order.py",
-              "Sample order on a split larger than memory: quasi-random vs random"),
-    Benchmark("remote", "bench_remote.py",
-              "Datasets in object storage: shard cache vs local, obstore vs s3fs"),
+    Benchmark("ddp", "Several processes (DDP)"),
+    Benchmark("loader", "Your own loop: turbotrain.Loader vs train"),
+    Benchmark("lightning", "Lightning: TurbotrainDataModule vs train"),
+    Benchmark("predict", "Using a model: predict vs the eval pipeline, and load time"),
+    Benchmark("order", "Sample order on a split larger than memory: quasi-random vs random"),
+    Benchmark("remote", "Datasets in object storage: shard cache vs local, obstore vs s3fs"),
     # issue 32: turbotrain demo + --time-budget, ~6 min
-    Benchmark("demo", "bench_demo.py", "turbotrain demo, and --time-budget honoured (issue 32)"),
+    Benchmark("demo", "turbotrain demo, and --time-budget honoured (issue 32)"),
     # issue 43: the doctor's advice applied, predicted vs measured
-    Benchmark("doctor", "bench_doctor.py",
+    Benchmark("doctor",
               "turbotrain doctor: its top finding applied, predicted vs measured speedup"),
     # gpu_check.py's own default output is bench/results/gpu_check.json; said explicitly.
-    Benchmark("gpu_check", "gpu_check.py", "GPU", ("--json", "bench/results/gpu_check.json"),
-              needs_cuda=True),
+    Benchmark("gpu_check", "GPU", ("--json", "bench/results/gpu_check.json"), needs_cuda=True,
+              script="gpu_check.py"),
 )
 BY_NAME = {b.name: b for b in BENCHMARKS}
 

@@ -1,9 +1,7 @@
-"""BENCHMARKS.md from bench/results/*.json and the hand-kept bench/NOTES.md (rendered, never
-measured; `bench/run_all.py`, alone with `--render-only`). Each benchmark owns its table:
-`markdown(result)` in its script (bench/registry.py); this file only orders and joins them, after
-the Machines table (each machine once, as a letter), the Goals table (every goal each result
-recorded) and the Contenders table. A benchmark without a result file says "not measured": a
-figure is shown only from the file its own script wrote.
+"""BENCHMARKS.md from bench/results/*.json and the hand-kept bench/NOTES.md (`bench/run_all.py`,
+alone with `--render-only`). Each benchmark's script renders its own table (bench/registry.py);
+this file orders and joins them after the Machines, Goals and Contenders tables. A benchmark
+without a result file says "not measured": a figure comes only from the file its script wrote.
 """
 from __future__ import annotations
 
@@ -26,9 +24,9 @@ OUTPUT = REPO / "BENCHMARKS.md"
 NOTES = ROOT / "NOTES.md"
 RUN_ALL_NAME = "run_all.json"  # per-script status of the last suite run, written by run_all.py
 # What makes two result files one machine (the load and the commit vary from run to run).
-MACHINE_COLUMNS = (("cpu", "CPU"), ("cores", "cores"), ("simd", "SIMD"), ("flags", "flags"),
-                   ("ram_gib", "RAM (GiB)"), ("gpu", "GPU"), ("torch", "torch"),
-                   ("python", "Python"), ("platform", "platform"))
+MACHINE_COLUMNS = {"cpu": "CPU", "cores": "cores", "simd": "SIMD", "flags": "flags",
+                   "ram_gib": "RAM (GiB)", "gpu": "GPU", "torch": "torch", "python": "Python",
+                   "platform": "platform"}  # key in the JSON: title
 NOTE_HEADING = re.compile(r"## (?P<name>\w+)(?: \(about the results of "
                           r"(?P<about>\d{4}-\d\d-\d\d \d\d:\d\d)\))?\s*$")
 
@@ -79,8 +77,7 @@ def status_lines(status: dict | None, data: dict | None) -> list[str]:
 
 
 def goal_row(name: str, g: dict) -> list:
-    """A recorded goal: a ratio (common.ratio_goal), a time limit ("goal_seconds"), a worded
-    goal (common.worded_goal) or gpu_check's."""
+    """A goal's row: a ratio_goal, a time limit (goal_seconds), a worded_goal or gpu_check's."""
     if "goal_seconds" in g:
         return [name, g["what"], f"< {g['goal_seconds']:g} s", f"{g['seconds']:.2f} s",
                 verdict(g["met"])]
@@ -94,7 +91,7 @@ def goal_row(name: str, g: dict) -> list:
 def machine_key(machine: dict) -> tuple:
     return tuple("not recorded" if k not in machine else "none" if machine[k] in (None, []) else
                  ", ".join(machine[k]) if isinstance(machine[k], list) else str(machine[k])
-                 for k, _ in MACHINE_COLUMNS)
+                 for k in MACHINE_COLUMNS)
 
 
 def section(bench: Benchmark, data: dict | None, status: dict | None, note, letter) -> list[str]:
@@ -103,8 +100,8 @@ def section(bench: Benchmark, data: dict | None, status: dict | None, note, lett
              "", *status_lines(status, data)]
     if data is None:
         why = "it needs a CUDA GPU; " if bench.needs_cuda else ""
-        return lines + [f"**Not measured** ({why}no {bench.results_file} written by "
-                        f"bench/{bench.script}).", "", *note_lines(note, None)]
+        return lines + [f"**Not measured** ({why}no {RESULTS_DIR.relative_to(REPO)}/{bench.name}"
+                        f".json written by bench/{bench.script}).", "", *note_lines(note, None)]
     machine = data.get("machine") or {}
     measured = data.get("measured", "")[:16].replace("T", " ")
     table = importlib.import_module(Path(bench.script).stem).markdown(data)
@@ -117,7 +114,6 @@ def section(bench: Benchmark, data: dict | None, status: dict | None, note, lett
 
 def render(results: Path = RESULTS_DIR, output: Path = OUTPUT, notes: Path = NOTES) -> Path:
     """Writes `output` from the JSON in `results` and the notes file; returns it."""
-    results, output = Path(results), Path(output)
     statuses = (load(results / RUN_ALL_NAME) or {}).get("benchmarks", {})
     hand_kept = read_notes(notes)
     machines: dict[tuple, list] = {}  # key: [letter, *key, the sections it measured]
@@ -139,7 +135,7 @@ def render(results: Path = RESULTS_DIR, output: Path = OUTPUT, notes: Path = NOT
            "hand-written `bench/NOTES.md`; `python bench/run_all.py --render-only` rebuilds "
            "this file from them. A section without its script's result file says *not "
            "measured*.", "", "## Machines", "",
-           *md_table(["machine", *(title for _, title in MACHINE_COLUMNS), "sections"],
+           *md_table(["machine", *MACHINE_COLUMNS.values(), "sections"],
                      [[*row[:-1], ", ".join(row[-1])] for row in machines.values()]),
            "## Goals", "", *md_table(["benchmark", "comparison", "goal", "measured", ""], goals),
            "## Contenders", "",

@@ -1,12 +1,9 @@
-"""BENCHMARKS.md: the committed document is the render of the committed results; each benchmark's
-table (its script's `markdown`) renders from a result in the shape its script writes; the renderer
-(bench/report.py) orders and joins them with the machines, goals, "not measured", the last run's
-failures and the hand-kept notes; the one registry (bench/registry.py) the runner follows; the
-plots drawn beside the results, SPDL's crop boxes, and bench_demo.py's goals.
-(bench_time_to_accuracy.py's own logic: tests/bench/test_time_to_accuracy.py.)"""
+"""BENCHMARKS.md is the render of the committed results; each table (its script's `markdown`)
+renders from a result in its script's shape; bench/report.py joins them with the machines, goals,
+"not measured", the last run's failures and the notes; run_all follows the one registry; the plots,
+SPDL's crop boxes, bench_demo.py's goals (bench_time_to_accuracy's: test_time_to_accuracy.py)."""
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -141,45 +138,35 @@ FAKES = {
 
 def render(tmp_path: Path, names=FAKES, notes: str = "", run_all_json: dict | None = None) -> str:
     """The document of FAKES[names] (each measured on MACHINE), `notes` as bench/NOTES.md."""
-    results = tmp_path / "results"
-    results.mkdir(parents=True, exist_ok=True)
     for name in names:
-        (results / f"{name}.json").write_text(json.dumps(
+        (tmp_path / f"{name}.json").write_text(json.dumps(
             {"measured": "2026-12-06T01:02:03", "machine": MACHINE, **FAKES[name][0]}))
     if run_all_json:
-        (results / report.RUN_ALL_NAME).write_text(json.dumps({"benchmarks": run_all_json}))
+        (tmp_path / report.RUN_ALL_NAME).write_text(json.dumps({"benchmarks": run_all_json}))
     (tmp_path / "NOTES.md").write_text(notes)
-    return report.render(results, tmp_path / "B.md", tmp_path / "NOTES.md").read_text()
+    return report.render(tmp_path, tmp_path / "B.md", tmp_path / "NOTES.md").read_text()
 
 
 def test_benchmarks_md_is_the_render_of_the_committed_results(tmp_path):
     """BENCHMARKS.md is a function of bench/results/ and bench/NOTES.md, and every committed
     result file was written by its script: it records when and where, and none is a hand-made
-    `recovered` one."""
-    for result in report.RESULTS_DIR.glob("*.json"):
-        if result.name != report.RUN_ALL_NAME:
-            data = json.loads(result.read_text())
-            assert data.get("measured") and data.get("machine") and "recovered" not in data, \
-                result.name
-            assert result.stem in registry.BY_NAME, result.name
+    `recovered` one. A benchmark without one has a result in FAKES."""
+    committed = {r.stem for r in report.RESULTS_DIR.glob("*.json")
+                 if r.name != report.RUN_ALL_NAME}
+    for name in committed:
+        data = json.loads((report.RESULTS_DIR / f"{name}.json").read_text())
+        assert data.get("measured") and data.get("machine") and "recovered" not in data, name
+    assert committed <= set(registry.BY_NAME) <= committed | set(FAKES)
     out = report.render(report.RESULTS_DIR, tmp_path / "BENCHMARKS.md", report.NOTES)
     assert out.read_text() == report.OUTPUT.read_text(), (
         "BENCHMARKS.md differs from a render of bench/results/ and bench/NOTES.md: run "
         "`python bench/run_all.py --render-only` and commit the result")
 
 
-@pytest.mark.parametrize("bench", registry.BENCHMARKS, ids=lambda b: b.name)
-def test_each_table_renders_from_its_own_result(bench):
-    committed = report.RESULTS_DIR / f"{bench.name}.json"
-    assert bench.name in FAKES or committed.is_file(), "a fake result or a committed one"
-    if bench.name in FAKES:
-        data, shown = FAKES[bench.name]
-        text = importlib.import_module(Path(bench.script).stem).markdown(data)
-        assert shown in text, (shown, text)
-
-
 def test_the_document_joins_the_tables_with_machines_goals_and_not_measured(tmp_path):
     text = render(tmp_path)
+    for name, (_, shown) in FAKES.items():  # each table, from a result in its script's shape
+        assert shown in text, (name, shown)
     titles = [line[3:] for line in text.splitlines() if line.startswith("## ")]
     assert titles == ["Machines", "Goals", "Contenders", *(b.title for b in registry.BENCHMARKS)]
     measured = [b.name for b in registry.BENCHMARKS if b.name in FAKES]
@@ -195,8 +182,6 @@ def test_the_document_joins_the_tables_with_machines_goals_and_not_measured(tmp_
         assert row in text, row
     for bench in registry.BENCHMARKS:
         assert f"```\npython bench/{bench.script}" in text
-    gpu = render(tmp_path / "one", ["prepare"])
-    assert "**Not measured** (it needs a CUDA GPU; no bench/results/gpu_check.json" in gpu
 
 
 def test_the_last_runs_failures_and_the_hand_kept_notes_are_said(tmp_path):
@@ -210,7 +195,8 @@ def test_the_last_runs_failures_and_the_hand_kept_notes_are_said(tmp_path):
                  "The last run **failed** (exit 2).", "Not run by the last `make bench`: no such "
                  "script.", "*Notes on these results (bench/NOTES.md):*\n\nAgreed.",
                  "*Notes on the results of 2026-01-01 00:00, no longer shown",
-                 "*Notes (bench/NOTES.md):*\n\nAny time."):
+                 "*Notes (bench/NOTES.md):*\n\nAny time.",
+                 "**Not measured** (it needs a CUDA GPU; no bench/results/gpu_check.json written"):
         assert said in text, said
     assert "preamble" not in text
     with pytest.raises(ValueError, match="names no benchmark.*NAME one of: prepare, sources"):
@@ -219,8 +205,7 @@ def test_the_last_runs_failures_and_the_hand_kept_notes_are_said(tmp_path):
 
 def test_write_results_records_the_machine_block(tmp_path):
     data = json.loads(common.write_results(tmp_path / "r.json", {"command": "x"}).read_text())
-    assert {"cpu", "cores", "simd", "flags", "ram_gib", "gpu", "torch", "python", "commit",
-            "load_before", "load_after"} <= set(data["machine"])
+    assert {*report.MACHINE_COLUMNS, "commit", "load_before", "load_after"} <= set(data["machine"])
     assert data["machine"]["load_before"] == common.LOAD_AT_START and data["measured"]
 
 
@@ -235,18 +220,14 @@ def test_the_plots_are_drawn_beside_the_results(tmp_path):
 # -- run_all and the registry ---------------------------------------------------------------------
 @pytest.mark.usefixtures("child_processes")
 def test_run_all_records_absent_failed_and_ok_scripts(tmp_path, monkeypatch):
-    scripts = tmp_path / "bench"
-    scripts.mkdir()
-    (scripts / "ok.py").write_text("print('fine')\n")
-    (scripts / "bad.py").write_text("import sys\nprint('something broke')\nsys.exit(3)\n")
-    (scripts / "hangs.py").write_text("import time\ntime.sleep(60)\n")
-    monkeypatch.setattr(run_all, "ROOT", scripts)
-    suite = [run_all.Benchmark("ok", "ok.py", "OK"), run_all.Benchmark("bad", "bad.py", "Bad"),
-             run_all.Benchmark("missing", "missing.py", "Missing"),
-             run_all.Benchmark("gpu", "ok.py", "GPU", needs_cuda=True)]
+    (tmp_path / "bench_ok.py").write_text("print('fine')\n")
+    (tmp_path / "bench_bad.py").write_text("import sys\nprint('something broke')\nsys.exit(3)\n")
+    (tmp_path / "bench_hangs.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setattr(run_all, "ROOT", tmp_path)
+    suite = [*(run_all.Benchmark(name, name) for name in ("ok", "bad", "missing")),
+             run_all.Benchmark("gpu", "GPU", needs_cuda=True, script="bench_ok.py")]
     statuses = {b.name: run_all.run_one(b, gpu=None, timeout=30) for b in suite}
-    statuses["hangs"] = run_all.run_one(run_all.Benchmark("hangs", "hangs.py", "Hangs"), None,
-                                        timeout=1)
+    statuses["hangs"] = run_all.run_one(run_all.Benchmark("hangs", "Hangs"), None, timeout=1)
     assert [statuses[n]["status"] for n in ("ok", "bad", "missing", "gpu", "hangs")] == \
         ["ok", "failed", "absent", "skipped", "failed"]
     assert statuses["bad"]["error"] == "exit 3: something broke"
