@@ -26,8 +26,11 @@ Goals (issue 42): >= 1.5x on photos, >= 1.15x on Fashion-MNIST, final accuracy n
 than 0.3 pt. Each arm's evaluation time (summary.json eval_seconds) is recorded too: the cost of
 TTA and of the eval size.
 
-With `--blurpool-arm` the photos case has a third arm, the levers plus `--blurpool`: the
-measurement `--blurpool`'s default (off) waits for.
+Round r runs every arm with `--seed r`: a lever's accuracy cost on Fashion-MNIST (0.2 pt) is the
+size of one seed's noise, so a single seed decided it. Beside the two arms, a third where a
+default waits on a measurement: Fashion-MNIST's levers with `--progressive` (the plan leaves
+small images at one size: this arm is why), and with `--blurpool-arm` the photos' levers plus
+`--blurpool` (its default, off).
 
 Also the per-epoch cost of resnet50 at each size of an ImageNet ramp (RESNET50_SIZES, 160-224 px):
 `--steps` training steps of the trainer's StepEngine on random uint8 batches already on the
@@ -41,6 +44,7 @@ smoke run never replaces a measurement. `render` (below) is its BENCHMARKS.md se
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import statistics
@@ -169,15 +173,17 @@ def compare(fixed: dict, levers: dict) -> dict:
 
 def run_case(name: str, data: Path, flags: list[str], train_size: int, epochs: int,
              rounds: int, progressive: bool, work: Path, timeout: float,
-             blurpool: bool = False) -> dict:
-    """Both arms (and with `blurpool` a third: the levers plus --blurpool, the measurement its
-    default waits for), alternating, and the paired comparison of each with the fixed arm."""
+             extra: dict[str, list[str]] | None = None) -> dict:
+    """Both arms (and each of `extra`, NAME: flags added to the levers' arm: the measurement
+    a default waits for), alternating, round r with --seed r in every arm, and the paired
+    comparison of each with the fixed arm of the same seed."""
     base = [*flags, "--epochs", str(epochs)]
-    arms = {"levers": base, "fixed": [*base, *fixed_flags(train_size, progressive)]}
-    if blurpool:
-        arms["levers_blurpool"] = [*base, "--blurpool"]
+    arms = {"levers": base, "fixed": [*base, *fixed_flags(train_size, progressive)],
+            **{arm: [*base, *more] for arm, more in (extra or {}).items()}}
+    seeds = {arm: itertools.count() for arm in arms}
     runs = common.interleaved(rounds, {
-        arm: (lambda arm=arm: run_arm(data, work / f"{name}-{arm}", arms[arm], timeout))
+        arm: (lambda arm=arm: run_arm(data, work / f"{name}-{arm}",
+                                      [*arms[arm], "--seed", str(next(seeds[arm]))], timeout))
         for arm in arms},
         show=lambda r: r.get("error") or f"final {r['final_accuracy']:.2%} in "
                                          f"{r['curve'][-1][0]:.1f} s", alternate=True)
@@ -262,37 +268,45 @@ def resnet50_costs(sizes, steps: int | None, batch: int | None) -> list[dict]:
 
 
 # == the section in BENCHMARKS.md ================================================================
+EXTRA_ARMS = {  # an arm beside the two, its flags on top of the levers: what its words say
+    "levers_blurpool": "--blurpool on top",
+    "levers_progressive": "progressive resizing turned on (--progressive)"}
+
+
 def markdown(data: dict) -> str:
     def points(diff: float | None) -> str:
         return "n/a" if diff is None else f"{100 * diff:+.2f} pt"
-    rows, summary = [], []
+    rows, summary, extras = [], [], []
     for name in (n for n in ("photos", "fashion") if data.get(n)):
         case = data[name]
-        for arm in (a for a in ("levers", "fixed", "levers_blurpool") if a in case):
-            last = next((r for r in reversed(case[arm]) if "curve" in r), {})
-            settings = last.get("settings", {})
-            rows.append([name, arm, case["epochs"], settings.get("model"),
-                         f"{settings.get('image_size')} / {settings.get('eval_res')}",
-                         settings.get("tta"), common.percent(last.get("final_accuracy")),
-                         common.decimal(case["eval_seconds"].get(arm)),
-                         common.decimal(last.get("wall_seconds"))])
+        for arm in (a for a in ("levers", "fixed", *EXTRA_ARMS) if a in case):
+            for seed, run in enumerate(case[arm]):
+                settings = run.get("settings", {})
+                rows.append([name, arm, seed, case["epochs"], settings.get("model"),
+                             f"{settings.get('image_size')} / {settings.get('eval_res')}",
+                             settings.get("tta"), common.percent(run.get("final_accuracy")),
+                             common.decimal(run.get("eval_seconds")),
+                             common.decimal(run.get("wall_seconds"))])
         summary.append(f"{name}: **{common.times(case.get('speedup') or None) or 'n/a'}** sooner "
                        f"to the fixed arm's accuracy (goal >= {GOALS[name]:g}x), final accuracy "
                        f"{points(case.get('accuracy_difference'))}")
-    photos, costs = data.get("photos", {}), data.get("resnet50", [])
-    blur = common.times(photos.get("levers_blurpool_speedup")) or "n/a"
+        extras += [f"{name}, {words}: {common.times(case.get(f'{arm}_speedup')) or 'n/a'} "
+                   f"sooner, final accuracy {points(case.get(f'{arm}_accuracy_difference'))} (no "
+                   "goal: the measurement behind its default)"
+                   for arm, words in EXTRA_ARMS.items() if arm in case]
+    costs = data.get("resnet50", [])
     return common.markdown(
         "**Smoke run (--quick) on tiny data: not a measurement.**" if data.get("quick") else None,
-        "Each case trains twice per round, arms alternating: the levers as the plan sets them "
-        f"(progressive resizing: {'yes' if data.get('progressive') else 'not in this build'}, "
-        "test-time resolution, flip TTA) and the same command with them off. Target: the fixed "
-        "arm's last-epoch accuracy; seconds from the start of training to the first evaluation "
-        "at it (evaluations included).",
-        common.md_table(["case", "arm", "epochs", "model", "train / eval px", "TTA",
+        "Each round is one seed (`--seed` = the round) and trains every arm once, alternating: "
+        "the levers as the plan sets them (progressive resizing: "
+        f"{'yes' if data.get('progressive') else 'not in this build'}, test-time resolution, "
+        "flip TTA) and the same command with them off. Target: the fixed arm's last-epoch "
+        "accuracy of the same seed; seconds from the start of training to the first evaluation "
+        "at it (evaluations included); the median over the seeds, none if a seed never got "
+        "there.",
+        common.md_table(["case", "arm", "seed", "epochs", "model", "train / eval px", "TTA",
                          "final accuracy", "eval s", "run s"], rows), "; ".join(summary) + ".",
-        f"With --blurpool on top (photos): {blur} sooner, final accuracy "
-        f"{points(photos.get('levers_blurpool_accuracy_difference'))} (no goal: what --blurpool's "
-        "default waits for)." if "levers_blurpool" in photos else None,
+        "; ".join(extras) + "." if extras else None,
         *([f"resnet50 training step per size ({costs[0]['device']}, {costs[0]['precision']}, "
            f"batch {costs[0]['batch_size']}):",
            common.md_table(["px", "images/s", "ImageNet epoch s", "cost vs 224", "pixels vs 224"],
@@ -347,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             "photos", photo_dataset(sizes["photo_per_class"]),
             ["--model", "resnet18", "--image-size", str(size)], size,
             args.photo_epochs or sizes["photo_epochs"], args.rounds, progressive, work,
-            args.timeout, blurpool=args.blurpool_arm)
+            args.timeout, {"levers_blurpool": ["--blurpool"]} if args.blurpool_arm else None)
     if "fashion" in parts:
         if not FASHION.is_dir():
             print(f"bench_levers: {FASHION} is missing: apt-get install dataset-fashion-mnist",
@@ -356,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         report["fashion"] = run_case(
             "fashion", fashion_dataset(sizes["fashion_slice"]), [], 28,
             args.fashion_epochs or sizes["fashion_epochs"], args.rounds, progressive, work,
-            args.timeout)
+            args.timeout, {"levers_progressive": ["--progressive"]} if progressive else None)
     if "resnet50" in parts:
         report["resnet50"] = resnet50_costs(RESNET50_SIZES, args.steps or sizes["steps"],
                                             4 if args.quick else None)

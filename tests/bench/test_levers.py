@@ -45,4 +45,26 @@ def test_goals_and_the_table():
     assert goals == {"photos": True, "photos accuracy": False, "fashion": False,
                      "fashion accuracy": True}
     text = levers.markdown(report)
-    assert "photos: **1.60x**" in text and "-0.40 pt" in text and "| photos | levers |" in text
+    assert "photos: **1.60x**" in text and "-0.40 pt" in text and "| photos | levers | 0 |" in text
+
+
+def test_round_r_is_seed_r_in_every_arm_and_an_extra_arm_is_compared_too(monkeypatch, tmp_path):
+    flags_run = []
+    final = {"levers": 0.91, "fixed": 0.90, "levers_progressive": 0.89}
+
+    def run_arm(data, out, flags, timeout):
+        flags_run.append(flags)
+        arm = out.name.split("-", 1)[1]
+        return _arm([(10, 0.5), (20, final[arm])])
+    monkeypatch.setattr(levers, "run_arm", run_arm)
+    case = levers.run_case("fashion", tmp_path, [], 28, 4, 2, True, tmp_path, 60,
+                           {"levers_progressive": ["--progressive"]})
+    seeds = [f[f.index("--seed") + 1] for f in flags_run]
+    assert sorted(seeds) == ["0", "0", "0", "1", "1", "1"]  # 3 arms x 2 rounds
+    assert sum("--progressive" in f for f in flags_run) == 2  # the extra arm, each round
+    assert case["speedup"] == 1.0 and case["levers_progressive_speedup"] is None
+    assert abs(case["levers_progressive_accuracy_difference"] + 0.01) < 1e-12
+    text = levers.markdown({"fashion": case})
+    assert "| fashion | levers_progressive | 1 |" in text
+    assert "fashion, progressive resizing turned on (--progressive): n/a sooner, final " \
+           "accuracy -1.00 pt" in text

@@ -14,10 +14,10 @@ def test_info_states_the_progressive_decision(tmp_path):
     cifar = write_tiny_dataset(tmp_path / "cifar", size=32)
     picks, _, _ = train_picks(str(photos), PRESETS["h200"])
     assert picks["progressive"].startswith("off: 64 px training (< 128)")
-    # 28 px small images for the default 10 epochs: on, with the measured reason; TTA off.
+    # 28 px small images: off, with the measured reason; TTA off.
     picks, _, _ = train_picks(str(small), PRESETS["cpu2"])
-    assert picks["progressive"].startswith("20 -> 28 px between epochs 0 and 5")
-    assert "small images at 28 px" in picks["progressive"]
+    assert picks["progressive"].startswith("off: small images at 28 px")
+    assert "Fashion-MNIST" in picks["progressive"]
     assert picks["tta"].startswith("off: small images at 28 px")
     picks, _, _ = train_picks(str(cifar), PRESETS["cpu2"])
     assert picks["progressive"].startswith("off: small images at 32 px (> 28)")
