@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from turbotrain.cli import main
+from turbotrain.train.tools.doctor_run import read_measurements
 
 pytestmark = pytest.mark.usefixtures("child_processes")
 
@@ -190,8 +191,8 @@ def test_ctrl_c_stops_both_and_reports(tmp_path):
     try:
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
-            files = list((tmp_path / "measurements").glob("*.jsonl"))
-            if files and sum('"step"' in line for line in files[0].read_text().splitlines()) > 4:
+            files = read_measurements(tmp_path / "measurements")
+            if sum(r.get("kind") == "step" for f in files.values() for r in f) > 4:
                 break
             time.sleep(0.2)
         doctor_process.send_signal(signal.SIGINT)

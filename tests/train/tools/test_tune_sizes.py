@@ -43,16 +43,17 @@ def test_the_report_names_the_sizes_a_row_was_timed_at():
 
 
 def test_a_model_row_is_timed_at_each_size_of_the_plans_schedule(tmp_path):
-    """28 px images for train's default epochs: the plan ramps them (plan/resolution.py), and
-    a model row's steps run at each size of the schedule, in the pipeline train would use."""
+    """Photos trained at 128 px for train's default epochs: the plan ramps them
+    (plan/resolution.py), and a model row's steps run at each size of the schedule, in the
+    pipeline train would use."""
     import argparse
 
     from tests.train.tiny_data import write_tiny_dataset
     from turbotrain.train.tools.tune import Sweep
     from turbotrain.train.tools.tune_report import Row
 
-    data = write_tiny_dataset(tmp_path / "ds", train=64, val=None, size=28)
-    args = argparse.Namespace(data=data, model="auto", image_size=None, device="cpu",
+    data = write_tiny_dataset(tmp_path / "ds", train=64, val=None, size=144)
+    args = argparse.Namespace(data=data, model="auto", image_size=128, device="cpu",
                               precision="fp32", optimizer="sgd", global_batch_size=None,
                               pipeline=None, workers=None, budget_seconds=60.0)
     sweep = Sweep(args)

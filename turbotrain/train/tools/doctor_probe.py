@@ -2,10 +2,16 @@
 each change would do to forward+backward: other torch thread counts, a larger batch, bf16
 autocast, channels_last, the GPU, a pinned copy. The copy keeps the script's model, optimizer
 and RNG streams as they were (the RNG states are restored), so the run goes on unchanged.
-Each variant: untimed passes, then the fastest of PROBE_REPEATS, interleaved (a variant that
-fails, e.g. out of memory, is recorded as its error). The fastest, not the median: a shared or
-virtual machine only ever slows a pass, and on a 2-core VM single passes of the same variant
-varied by 1.4x (195 and 136 ms), enough to turn a measured 2.5x bf16 gain into a predicted 1.5x.
+Each variant: untimed passes, then the fastest of at least PROBE_REPEATS, interleaved (a
+variant that fails, e.g. out of memory, is recorded as its error), more rounds for short passes
+(PROBE_SECONDS of each, at most MAX_ROUNDS). The fastest, not the median: a shared or virtual
+machine only ever slows a pass, and on a 2-core VM single passes of the same variant varied by
+1.4x (195 and 136 ms), enough to turn a measured 2.5x bf16 gain into a predicted 1.5x. More
+rounds for short passes at one thread count: there the slowdowns come in spells longer than a
+pass (a 0.8 ms MLP pass took 3.0-3.2 ms for 5 rounds running, which made the fastest of 5 of a
+128-sample batch against an 8-sample one 1.16x where it is 2.1x, and the predicted gain of a
+larger batch 45 % too high). The current thread count is the base variant itself, not probed twice (the two
+copies differed by 13 % in one run: noise the advice then read as a thread-count effect).
 """
 from __future__ import annotations
 
@@ -18,6 +24,9 @@ from .doctor_hook import CONFIG, PROBE_REPEATS, _first_tensor, _now
 # The first two passes of a new shape or dtype are untimed: oneDNN creates its primitives
 # and the allocator grows (the first took 50x the third on a 600-parameter conv net).
 UNTIMED = 2
+PROBE_SECONDS = 0.5  # a variant's passes repeat until they took this long in all ...
+MAX_ROUNDS = 200  # ... or this many rounds: a 1 ms pass, 0.2 s a variant ...
+PROBE_BUDGET = 2.0  # ... or all variants' passes this long (a short base beside a long variant)
 MAX_BATCH_FACTOR = 16  # a larger batch is probed at most 16x the script's ...
 MAX_PROBE_BATCH = 512  # ... and 512 samples: past that, per-step overheads are amortised
 MEMORY_SHARE = 0.5  # a batch "fits" when its activations take at most half the free memory
@@ -38,8 +47,9 @@ def run_probes(clock) -> None:
         # every variant timed in turn, round after round, so a machine whose speed drifts
         # (other work starting) moves all of them alike
         variants = {"base": (model, x, loop_autocast, threads)}
-        if x.device.type == "cpu":
-            for count in _thread_counts(threads):
+        counts = _thread_counts(threads) if x.device.type == "cpu" else []
+        for count in counts:
+            if count != threads:  # the current count is "base"
                 variants[f"threads:{count}"] = (model, x, loop_autocast, count)
         if loop_autocast is None and _wants_bf16(model, x):
             variants["bf16"] = (model, x, "bfloat16", threads)
@@ -51,6 +61,8 @@ def run_probes(clock) -> None:
         record["base"] = times.pop("base")
         threads_times = {k.split(":")[1]: times.pop(k) for k in list(times)
                          if k.startswith("threads:")}
+        if threads in counts:
+            threads_times[str(threads)] = record["base"]
         if threads_times:
             record["threads"] = threads_times
         record.update(times)
@@ -94,15 +106,21 @@ def _pass(model, x, autocast: str | None) -> float:
 
 def _interleaved(variants: dict) -> dict:
     """name -> fastest seconds (or {"error": ...}) of (model, x, autocast, threads) variants:
-    UNTIMED passes each, then PROBE_REPEATS rounds of one pass each, in turn."""
+    UNTIMED passes each, then rounds of one pass each, in turn, until each has PROBE_REPEATS
+    passes and PROBE_SECONDS of them (or MAX_ROUNDS, or PROBE_BUDGET in all). Variants at
+    different thread counts get PROBE_REPEATS rounds only: torch's thread count switched
+    hundreds of times made a DDP rank abort at its exit ("terminate called without an active
+    exception", 1 run in 3)."""
     import torch
     seconds: dict = {name: [] for name in variants}
     failed: dict = {}
-    for round_ in range(UNTIMED + PROBE_REPEATS):
+    one_count = len({threads for *_, threads in variants.values()}) == 1
+    for round_ in range(UNTIMED + (MAX_ROUNDS if one_count else PROBE_REPEATS)):
         for name, (model, x, autocast, threads) in variants.items():
             if name in failed:
                 continue
-            torch.set_num_threads(threads)
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
             try:
                 took = _pass(model, x, autocast)
             except (RuntimeError, MemoryError) as e:  # out of memory, an op without bf16
@@ -110,7 +128,17 @@ def _interleaved(variants: dict) -> dict:
                 continue
             if round_ >= UNTIMED:
                 seconds[name].append(took)
+        if _enough(seconds, failed):
+            break
     return {name: failed.get(name) or min(seconds[name]) for name in variants}
+
+
+def _enough(seconds: dict, failed: dict) -> bool:
+    timed = [times for name, times in seconds.items() if name not in failed]
+    if not all(len(t) >= PROBE_REPEATS for t in timed):
+        return False
+    return all(sum(t) >= PROBE_SECONDS for t in timed) or \
+        sum(map(sum, timed)) >= PROBE_BUDGET
 
 
 def _time(model, x, autocast: str | None = None) -> float | dict:

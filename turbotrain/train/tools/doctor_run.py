@@ -158,15 +158,21 @@ def run_measured(command: list[str], config: dict, measurements: Path) -> ChildE
 
 
 def read_measurements(measurements: Path) -> dict[str, list[dict]]:
-    """file name -> its records; a line cut short by a kill is dropped."""
+    """file name -> its records, a "steps" line's rows as "step" records; a line cut short by a
+    kill is dropped."""
     out = {}
     for path in sorted(measurements.glob("*.jsonl")):
         records = []
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
                 continue
+            if record.get("kind") == "steps":
+                records += [{"kind": "step", **dict(zip(record["fields"], row))}
+                            for row in record["rows"]]
+            else:
+                records.append(record)
         out[path.stem] = records
     return out
 
