@@ -21,10 +21,11 @@ pytestmark = pytest.mark.usefixtures("child_processes")  # not in make test-fast
 @pytest.mark.timeout(60)
 def test_tune_sweeps_pipelines_and_recommends_a_train_command(cli, tiny_dataset, monkeypatch):
     from tests.train.memory_pipeline import SlowPipeline
-    # 200 ms a batch: more than a loaded box's step (50 ms was, with 2 pytest workers).
+    # 200 ms a batch: more than a loaded box's step (50 ms was, with 2 pytest workers). A 12 s
+    # budget: with 5 s, the suite's other worker left tune nothing measured in time (1 run of 3)
     monkeypatch.setattr(SlowPipeline, "delay", 0.2)
     code, out, err = cli("tune", "--data", tiny_dataset, "--pipeline", "test-memory",
-                         "test-slow", "--workers", 1, "--budget-seconds", 5, "--json")
+                         "test-slow", "--workers", 1, "--budget-seconds", 12, "--json")
     assert code == 0, err
     result = json.loads(out)
     rows = {r["pipeline"]: r for r in result["rows"]}
