@@ -12,13 +12,12 @@ with the machine it ran on (tracked in git beside BENCHMARKS.md, so that a later
 or --only run anywhere keeps every other section). One that is missing, needs a GPU this
 machine lacks, fails or times out does not stop the rest: its status goes into
 bench/results/run_all.json, and BENCHMARKS.md says so. Run it on a quiet machine: the
-benchmarks time wall-clock work on every core. It took 9 min 48 s on the 2-core dev box
-(`time make bench`, data cached; the plain-PyTorch side of time_to_accuracy is the longest
-single run) before bench_order.py (2 min 7 s), bench_remote.py (~16 s) and bench_demo.py
-(~6 min) joined it: about 18 min, plus a few minutes the first time, when
-bench_pipelines.py and bench_order.py (2 GiB) generate their cached data; issue 44's SPDL and
-decode_jpeg contenders (bench_pipelines.py: three more children a round; bench_kernel.py: two
-more busy probes) are not in that time yet. Each script's own seconds go into run_all.json.
+benchmarks time wall-clock work on every core. The whole run took 70.6 min on the quiet 2-core
+dev box (`time make bench`, 2026-12-06, data cached): bench_kernel.py 18.0 min (its busy-thread
+probes run the slow contenders, SPDL and the Python decode path, at a few percent of their
+speed), bench_levers.py 16.8, bench_doctor.py 6.7, none of the rest over 4; plus a few minutes
+the first time, when bench_pipelines.py and bench_order.py (2 GiB) generate their cached data.
+Each script's own seconds go into run_all.json.
 """
 from __future__ import annotations
 
