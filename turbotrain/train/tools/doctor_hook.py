@@ -34,9 +34,10 @@ RECORD_EVERY = 50  # model facts again every 50 steps (device/dtype can change m
 # line every Recorder.flush_every (doctor_run.read_measurements turns them back into "step"
 # records): a json.dumps of its own cost a 1.4 ms MLP step 2.5-3.5 % (its overhead measured
 # block against block in one process), a row in a list nothing measurable.
-STEP_FIELDS = ("i", "t", "dur", "wait", "copy", "fwd", "bwd", "optim", "batches", "images",
-               "forwards", "backwards", "syncs", "sync_s", "fetch_s", "decode_s", "fetched",
-               "warmup")
+SUMS = ("wait", "copy", "fwd", "bwd", "optim")  # seconds a step spent in each
+COUNTS = ("batches", "images", "forwards", "backwards", "syncs", "sync_s", "fetch_s", "decode_s",
+          "fetched")
+STEP_FIELDS = ("i", "t", "dur", *SUMS, *COUNTS, "warmup")
 FIND_ROOTS_STEPS = 2  # global module hooks only for the first steps: then the model alone
 PROBE_REPEATS = 5  # the fastest of 5 (doctor_probe.py)
 
@@ -116,11 +117,10 @@ class StepClock:
         self.step = 0
         self.last_end = None
         self.clock_optimizer = None
-        self.sums = dict.fromkeys(("wait", "copy", "fwd", "bwd", "optim"), 0.0)
+        self.sums = dict.fromkeys(SUMS, 0.0)
         # fetch_s/decode_s/fetched: batches loaded in this process (num_workers=0), booked
         # with the step rather than a record a batch (a record is ~8 us of json and write)
-        self.counts = dict.fromkeys(("batches", "images", "forwards", "backwards", "syncs",
-                                     "sync_s", "fetch_s", "decode_s", "fetched"), 0)
+        self.counts = dict.fromkeys(COUNTS, 0)
         self.optim_started = None
         self.nested_at_start = 0.0
         self.forward_depth = 0
@@ -152,12 +152,9 @@ class StepClock:
         if id(optimizer) != self.clock_optimizer:
             return
         if self.last_end is not None:
-            sums, counts, dur = self.sums, self.counts, now - self.last_end
-            self.step_rows.append((
-                self.step, now, dur, sums["wait"], sums["copy"], sums["fwd"], sums["bwd"],
-                sums["optim"], counts["batches"], counts["images"], counts["forwards"],
-                counts["backwards"], counts["syncs"], counts["sync_s"], counts["fetch_s"],
-                counts["decode_s"], counts["fetched"], self.step <= self.warmup))
+            dur = now - self.last_end
+            self.step_rows.append((self.step, now, dur, *self.sums.values(),
+                                   *self.counts.values(), self.step <= self.warmup))
             if self.recorder.due():
                 self.write_step_rows()
             if self.step > self.warmup:
