@@ -6,7 +6,8 @@ import pytest
 
 from turbotrain.train.records.verdict import verdict_of
 from turbotrain.train.tools.doctor_analysis import analyse, processes, summary
-from turbotrain.train.tools.doctor_findings import Measured, findings_of, ranked
+from turbotrain.train.tools.doctor_findings import (KEEP_FREED_MEMORY, Measured, findings_of,
+                                                    ranked)
 
 
 def step(**seconds) -> dict:
@@ -144,6 +145,34 @@ def test_no_probe_finding_where_the_probe_saw_no_gain_or_did_not_run():
     assert not {"bf16", "channels_last", "batch_size"} & set(ids(m))
 
 
+def test_page_faults_cost_their_count_times_the_probed_cost_of_one():
+    # 2,000 faults of 20 us each: 40 ms of a 100 ms step
+    found = {f["id"]: f for f in findings_of(measured(step(faults=2000),
+                                                       probe={"fault_seconds": 20e-6}))}
+    assert found["page_faults"]["gain"] == pytest.approx(0.100 / 0.060, rel=1e-3)
+    assert found["page_faults"]["settings"] == {"env": KEEP_FREED_MEMORY}
+    # never below the wait for data: the faults are the training process's own work
+    waiting = step(dur=0.100, wait=0.080, fwd=0.005, bwd=0.005, faults=4000)
+    found = {f["id"]: f for f in findings_of(measured(waiting, probe={"fault_seconds": 20e-6}))}
+    assert found["page_faults"]["gain"] == pytest.approx(0.100 / 0.080, rel=1e-3)
+
+
+def test_page_faults_where_glibc_keeps_freed_memory_already_advise_another_allocator():
+    found = {f["id"]: f for f in findings_of(measured(step(faults=2000), freed_memory_kept=True,
+                                                       probe={"fault_seconds": 20e-6}))}
+    assert "MALLOC_" not in found["page_faults"]["change"]
+    assert "jemalloc" in found["page_faults"]["change"]
+    assert found["page_faults"]["settings"] == {}  # nothing a program could apply
+
+
+def test_no_page_fault_finding_without_faults_or_their_probed_cost():
+    assert "page_faults" not in ids(measured(step(faults=0), probe={"fault_seconds": 20e-6}))
+    assert "page_faults" not in ids(measured(step(faults=2000)))
+    assert "page_faults" not in ids(measured(step(), probe={"fault_seconds": 20e-6}))
+    # 100 faults of 1.3 us: 0.13 % of the step, under MIN_GAIN
+    assert "page_faults" not in ids(measured(step(faults=100), probe={"fault_seconds": 1.3e-6}))
+
+
 def test_gpu_findings_need_the_gpu_case():
     cuda = model(device="cuda:0", cuda_available=True)
     s = step(dur=0.100, copy=0.03, syncs=3, sync_s=0.04)
@@ -212,3 +241,15 @@ def test_a_process_without_loader_or_optimizer_says_what_it_could_not_see():
     assert report["verdict"] == "unknown"
     assert any("no torch DataLoader" in n for n in report["notes"])
     assert any("no torch.optim optimizer" in n for n in report["notes"])
+
+
+def test_the_script_keeps_freed_memory_when_both_glibc_settings_are_at_least_trains(
+        monkeypatch):
+    from turbotrain.train.tools.doctor import machine_facts
+    for name, value in KEEP_FREED_MEMORY.items():
+        monkeypatch.setenv(name, value)
+    assert machine_facts()["freed_memory_kept"] is True
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")  # glibc's maps from 64 KiB up
+    assert machine_facts()["freed_memory_kept"] is False
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    assert machine_facts()["freed_memory_kept"] is False

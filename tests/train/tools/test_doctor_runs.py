@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from turbotrain.cli import main
+from turbotrain.train.tools.doctor_findings import KEEP_FREED_MEMORY
 from turbotrain.train.tools.doctor_run import read_measurements
 
 pytestmark = pytest.mark.usefixtures("child_processes")
@@ -98,6 +99,27 @@ def test_already_bf16_and_channels_last_are_not_advised(tmp_path):
     process = report_of(tmp_path)["processes"][0]
     assert process["model"]["autocast"] and process["model"]["channels_last"]
     assert not {"bf16", "channels_last"} & set(ids(process))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
+def test_page_faults_each_step_are_found_and_not_where_freed_memory_is_kept(tmp_path):
+    # an MLP whose activations, gradients and bf16 weight casts are blocks of 128 KiB-3 MiB:
+    # with glibc's mmap threshold held at 64 KiB each is mapped and unmapped every step
+    mlp = [PYTHON, SCRIPT, "--no-loader", "--model", "mlp", "--width", "64", "--batch-size",
+           "128", "--samples", "1024", "--threads", "1", "--steps", "16", "--warmup", "4"]
+    flags = ("--steps", "10", "--warmup", "4")
+    faulting = doctor(tmp_path / "faults", *mlp, flags=flags,
+                      env={"MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert faulting.returncode == 0, faulting.stderr
+    process = report_of(tmp_path / "faults")["processes"][0]
+    assert process["page_faults_per_step"] > 500
+    found = next(f for f in process["findings"] if f["id"] == "page_faults")
+    assert found["settings"] == {"env": KEEP_FREED_MEMORY}
+    assert "MALLOC_MMAP_THRESHOLD_=33554432" in found["change"]
+    kept = doctor(tmp_path / "kept", *mlp, flags=flags, env=KEEP_FREED_MEMORY)
+    assert kept.returncode == 0, kept.stderr
+    process = report_of(tmp_path / "kept")["processes"][0]
+    assert process["page_faults_per_step"] < 50 and "page_faults" not in ids(process)
 
 
 def test_exit_code_stdout_and_stderr_pass_through(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from turbotrain import host
 from turbotrain.files.safe_create import write_file
 
 from .doctor_analysis import SHARE_NAMES, SHARES, analyse, processes, summary
+from .doctor_findings import KEEP_FREED_MEMORY
 from .doctor_run import MEASUREMENTS, CommandError, check_command, read_measurements, \
     run_measured
 
@@ -61,7 +63,10 @@ def machine_facts() -> dict:
     """Measured once here and handed to the child and the analysis (never re-derived): the
     CPU's bf16 is plan/hardware.py's, the one reader of the hardware."""
     from ..plan.hardware import cpu_native_bf16  # lazy: imports torch; `doctor --help` must not
-    return {"cores": host.available_cores(), "bf16_native": cpu_native_bf16()}
+    return {"cores": host.available_cores(), "bf16_native": cpu_native_bf16(),
+            # the script inherits this environment: glibc told to keep freed memory already?
+            "freed_memory_kept": all(os.environ.get(name, "").isdigit() and int(
+                os.environ[name]) >= int(value) for name, value in KEEP_FREED_MEMORY.items())}
 
 
 def run_doctor(args: argparse.Namespace) -> int:

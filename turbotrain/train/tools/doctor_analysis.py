@@ -55,6 +55,7 @@ def analyse(process: dict, machine: dict) -> dict:
     mean = {key: statistics.fmean(s[key] for s in steps)
             for key in ("dur", "wait", "copy", "fwd", "bwd", "optim", "batches", "images",
                         "forwards", "backwards", "syncs", "sync_s")}
+    mean["faults"] = _faults_per_step(kinds.get("faults", []))
     mean["fwd_bwd"] = mean["fwd"] + mean["bwd"]
     mean["other"] = max(0.0, mean["dur"] - mean["wait"] - mean["copy"] - mean["fwd_bwd"]
                         - mean["optim"])
@@ -64,6 +65,7 @@ def analyse(process: dict, machine: dict) -> dict:
                                    if mean["images"] and mean["dur"] > 0 else None)
     report["shares"] = {k: round(v, 4) for k, v in shares.items()}
     report["ms"] = {k: round(1000 * mean[k], 3) for k in SHARES}
+    report["page_faults_per_step"] = round(mean["faults"], 1)
     gpu = [g["ms"] / 1000 for g in kinds.get("gpu", [])]
     report["gpu_busy_share"] = (round(min(1.0, statistics.median(gpu) / mean["dur"]), 4)
                                 if gpu and mean["dur"] > 0 else None)
@@ -83,7 +85,8 @@ def analyse(process: dict, machine: dict) -> dict:
         batch=(kinds.get("batch") or [None])[-1],
         syncs=(kinds.get("syncs") or [{}])[-1],
         gpu_seconds=statistics.median(gpu) if gpu else None,
-        cores=machine["cores"], bf16_native=machine["bf16_native"])
+        cores=machine["cores"], bf16_native=machine["bf16_native"],
+        freed_memory_kept=machine.get("freed_memory_kept", False))
     report["load_ms_per_batch"] = (round(1000 * measured.load_seconds, 3)
                                    if measured.load_seconds is not None else None)
     report["load_cpu_ms_per_batch"] = (round(1000 * measured.load_cpu_seconds, 3)
@@ -91,6 +94,14 @@ def analyse(process: dict, machine: dict) -> dict:
     report["decode_share"] = round(measured.decode_share, 4)
     report["findings"] = findings_of(measured)
     return report
+
+
+def _faults_per_step(windows: list[dict]) -> float:
+    """The training thread's page faults a step, over the lines of steps after warm-up (all of
+    them when every line held a warm-up step); 0 where unmeasured."""
+    timed = [w for w in windows if not w["warmup"]] or windows
+    steps = sum(w["steps"] for w in timed)
+    return sum(w["faults"] for w in timed) / steps if steps else 0.0
 
 
 def _per_batch(fetches: list[dict]) -> float | None:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..step.host_memory import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
+
 MIN_GAIN = 1.05  # below 5 % a change is within run-to-run noise
 SOME_WAIT = 0.05  # the loader is keeping up below this share of the step
 INPUT_BOUND_WAIT = 0.20  # records/verdict.py's input-bound threshold
@@ -40,6 +42,7 @@ class Measured:
     cores: int
     bf16_native: bool
     load_cpu_seconds: float | None = None  # the workers' CPU time per batch (no contention)
+    freed_memory_kept: bool = False  # the script's environment has KEEP_FREED_MEMORY already
 
     def probed(self, name: str) -> float | None:
         value = (self.probe or {}).get(name)
@@ -331,5 +334,44 @@ def ddp_no_sync(m: Measured) -> dict | None:
                     "loss.backward()", s["dur"], new, how, settings={"no_sync": True})
 
 
+# ------------------------------------------------------------------------- the host side
+
+# glibc's settings that `train` makes itself (step/host_memory.py), as a script's environment
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES),
+                     "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES)}
+
+
+def page_faults(m: Measured) -> dict | None:
+    s, cost = m.step, m.probed("fault_seconds")
+    faults = s.get("faults") or 0.0
+    if not cost or faults <= 0:
+        return None
+    spent = faults * cost
+    new = max(s["dur"] - spent, s["wait"])  # the faults are the process's own work, not the wait
+    env = " ".join(f"{k}={v}" for k, v in KEEP_FREED_MEMORY.items())
+    # an estimate, wrong either way by up to ~25 %: faults that torch's other threads take in
+    # parallel cost the step less than one thread's fault each (a batch-128 MLP: 2.68x
+    # predicted, 2.13x measured), and the cache misses after a fault cost it more than the
+    # probe sees (batch 512: 1.64x predicted, 1.79x measured; bench_doctor.py)
+    how = (f"the step less {faults:,.0f} faults x {1e6 * cost:.2f} us (the probe: a "
+           f"fresh page written at one thread, against memory already mapped) = {_ms(new)}, "
+           f"against {_ms(s['dur'])} now")
+    evidence = [f"{faults:,.0f} minor page faults a step in the training process: memory "
+                "mapped and zero-filled afresh at its first use",
+                f"about {_ms(spent)} ({_share(spent, s['dur'])}) of each {_ms(s['dur'])} step"]
+    allocator = "LD_PRELOAD a caching allocator (jemalloc, tcmalloc)"
+    if m.freed_memory_kept:  # then the faults are blocks above glibc's 32 MiB cap
+        evidence.append(f"glibc already keeps freed blocks of up to 32 MiB ({env}): these are "
+                        "larger blocks, or memory the step grows into")
+        return _finding("page_faults", "memory is page-faulted in afresh every step", evidence,
+                        f"{allocator}, or a batch whose tensors stay below 32 MiB", s["dur"],
+                        new, how)
+    evidence[0] += " (glibc gives freed blocks back to the OS, the next step maps them again)"
+    return _finding("page_faults", "freed memory is page-faulted in again every step",
+                    evidence, f"{env} python ... (glibc then keeps freed blocks of up to 32 MiB "
+                    f"for reuse, as `turbotrain train` does for itself), or {allocator}",
+                    s["dur"], new, how, settings={"env": dict(KEEP_FREED_MEMORY)})
+
+
 RULES = (no_workers, oversubscribed, pil_decode, pin_memory, cpu_model, bf16, channels_last,
-         larger_batch, syncs, ddp_no_sync)
+         larger_batch, syncs, ddp_no_sync, page_faults)

@@ -112,8 +112,9 @@ def _patch_torch(torch) -> None:
     from torch.utils.data import dataloader
 
     clock = CLOCK
-    optimizer.register_optimizer_step_pre_hook(_optimizer_pre)
-    optimizer.register_optimizer_step_post_hook(_optimizer_post)
+    clock.tensor_type = torch.Tensor
+    optimizer.register_optimizer_step_pre_hook(clock.optimizer_pre)
+    optimizer.register_optimizer_step_post_hook(clock.optimizer_post)
     clock.global_hooks = [module_hooks.register_module_forward_pre_hook(clock.global_pre),
                           module_hooks.register_module_forward_hook(clock.global_post)]
     torch.autograd.backward = _timed_backward(torch.autograd.backward)
@@ -142,25 +143,6 @@ def _patch_pil(image_file) -> None:
         finally:
             DECODE[0] += _now() - started
     image_file.ImageFile.load = load
-
-
-def _optimizer_pre(optimizer, args, kwargs) -> None:
-    clock = CLOCK
-    if clock.active and clock.clock_optimizer in (None, id(optimizer)):
-        clock.optim_started = _now()
-        clock.nested_at_start = clock.nested()
-
-
-def _optimizer_post(optimizer, args, kwargs) -> None:
-    clock = CLOCK
-    if not clock.active or clock.clock_optimizer not in (None, id(optimizer)):
-        return
-    if clock.optim_started is not None:  # less a closure's forward/backward (Lightning)
-        inside = _now() - clock.optim_started - (clock.nested() - clock.nested_at_start)
-        clock.sums["optim"] += max(0.0, inside)
-        clock.optim_started = None
-    clock.forward_depth = 0  # a forward that raised never reached its post hook
-    clock.end_step(optimizer)
 
 
 def _timed_backward(original):

@@ -1,7 +1,8 @@
 """After the timed window, the hook measures on a copy of the model and the last batch what
 each change would do to forward+backward: other torch thread counts, a larger batch, bf16
-autocast, channels_last, the GPU, a pinned copy. The copy keeps the script's model, optimizer
-and RNG streams as they were (the RNG states are restored), so the run goes on unchanged.
+autocast, channels_last, the GPU, a pinned copy; and what a page fault costs here. The copy
+keeps the script's model, optimizer and RNG streams as they were (the RNG states are restored),
+so the run goes on unchanged.
 Each variant: untimed passes, then the fastest of at least PROBE_REPEATS, interleaved (a
 variant that fails, e.g. out of memory, is recorded as its error), more rounds for short passes
 (PROBE_SECONDS of each, at most MAX_ROUNDS). The fastest, not the median: a shared or virtual
@@ -19,7 +20,7 @@ import copy
 import os
 import statistics
 
-from .doctor_hook import CONFIG, PROBE_REPEATS, _first_tensor, _now
+from .doctor_hook import CONFIG, PROBE_REPEATS, _first_tensor, _minor_faults, _now
 
 # The first two passes of a new shape or dtype are untimed: oneDNN creates its primitives
 # and the allocator grows (the first took 50x the third on a 600-parameter conv net).
@@ -30,6 +31,9 @@ PROBE_BUDGET = 2.0  # ... or all variants' passes this long (a short base beside
 MAX_BATCH_FACTOR = 16  # a larger batch is probed at most 16x the script's ...
 MAX_PROBE_BATCH = 512  # ... and 512 samples: past that, per-step overheads are amortised
 MEMORY_SHARE = 0.5  # a batch "fits" when its activations take at most half the free memory
+# Above glibc's largest mmap threshold (32 MiB on 64-bit): each block is a fresh mapping.
+FAULT_PROBE_BYTES = 64 * 2**20
+FAULT_PROBE_REPEATS = 5
 
 
 def run_probes(clock) -> None:
@@ -67,6 +71,7 @@ def run_probes(clock) -> None:
             record["threads"] = threads_times
         record.update(times)
         record.update(_batch_probe(model, x, clock.activation_bytes, loop_autocast, threads))
+        record.update(_fault_probe())
         if x.device.type == "cpu" and torch.cuda.is_available():
             record["on_cuda"] = _time(copy.deepcopy(model).cuda(), x.cuda())
         if torch.cuda.is_available():
@@ -174,6 +179,33 @@ def _batch_probe(model, x, activation_bytes: int, autocast: str | None, threads:
         out["larger_batch"] = {"batch": batch * factor, "seconds": times["big"],
                                "base": times["base"]}
     return out
+
+
+def _fault_probe() -> dict:
+    """Seconds a minor page fault costs this process: a fresh block written and given back,
+    less the same writes to memory already mapped, per fault counted, at one torch thread; the
+    fastest of FAULT_PROBE_REPEATS (as the passes: a busy machine only slows it). A step's
+    faults come mostly one at a time: on the 2-core VM they cost 1.27-1.37 us each (a step's
+    time with and without them, against its fault count); this probe gives 1.43-1.5 us at one
+    thread (0.6 at two, where the writes fault in parallel)."""
+    import torch
+    if _minor_faults() == 0:  # not measurable on this platform
+        return {}
+    torch.set_num_threads(1)
+    warm = torch.ones(FAULT_PROBE_BYTES, dtype=torch.uint8)
+    costs = []
+    for _ in range(FAULT_PROBE_REPEATS):
+        faults, started = _minor_faults(), _now()
+        fresh = torch.empty(FAULT_PROBE_BYTES, dtype=torch.uint8)
+        fresh.fill_(1)
+        del fresh
+        fresh_seconds, faults = _now() - started, _minor_faults() - faults
+        started = _now()
+        warm.fill_(2)
+        warm_seconds = _now() - started
+        if faults > 0:
+            costs.append(max(0.0, fresh_seconds - warm_seconds) / faults)
+    return {"fault_seconds": min(costs)} if costs else {}
 
 
 def _free_memory(device) -> int:

@@ -158,8 +158,8 @@ def run_measured(command: list[str], config: dict, measurements: Path) -> ChildE
 
 
 def read_measurements(measurements: Path) -> dict[str, list[dict]]:
-    """file name -> its records, a "steps" line's rows as "step" records; a line cut short by a
-    kill is dropped."""
+    """file name -> its records, a "steps" line's rows as "step" records followed by a "faults"
+    record (the page faults of those steps); a line cut short by a kill is dropped."""
     out = {}
     for path in sorted(measurements.glob("*.jsonl")):
         records = []
@@ -169,8 +169,13 @@ def read_measurements(measurements: Path) -> dict[str, list[dict]]:
             except ValueError:
                 continue
             if record.get("kind") == "steps":
-                records += [{"kind": "step", **dict(zip(record["fields"], row))}
-                            for row in record["rows"]]
+                steps = [{"kind": "step", **dict(zip(record["fields"], row))}
+                         for row in record["rows"]]
+                records += steps
+                if "faults" in record:
+                    records.append({"kind": "faults", "faults": record["faults"],
+                                    "steps": len(steps),
+                                    "warmup": any(s.get("warmup") for s in steps)})
             else:
                 records.append(record)
         out[path.stem] = records
