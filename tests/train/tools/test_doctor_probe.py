@@ -120,14 +120,14 @@ def test_steps_are_written_as_rows_and_read_back_as_step_records(tmp_path):
     clock = StepClock(recorder)
     optimizer = object()
     for _ in range(4):
-        clock.end_step(optimizer)
+        clock.optimizer_post(optimizer, (), {})
     assert recorder.records == []  # not due: the rows wait in memory
     recorder.flush_due = True
-    clock.end_step(optimizer)
+    clock.optimizer_post(optimizer, (), {})
     assert [r["kind"] for r in recorder.records] == ["steps"]
-    assert len(recorder.records[0]["rows"]) == 4  # the first end_step only starts the clock
+    assert len(recorder.records[0]["rows"]) == 4  # the first step end only starts the clock
     recorder.flush_due = False
-    clock.end_step(optimizer)
+    clock.optimizer_post(optimizer, (), {})
     clock.finish("measured")  # writes what is left
     folder = tmp_path / "measurements"
     folder.mkdir()
@@ -159,9 +159,9 @@ def test_each_line_of_steps_carries_the_page_faults_of_its_steps(monkeypatch, tm
     clock.warmup = 2
     optimizer = object()
     for _ in range(3):
-        clock.end_step(optimizer)  # the end of warm-up writes its line: steps 1 and 2
+        clock.optimizer_post(optimizer, (), {})  # the end of warm-up writes its line: steps 1 and 2
     for _ in range(4):
-        clock.end_step(optimizer)
+        clock.optimizer_post(optimizer, (), {})
     clock.write_step_rows()  # steps 3 to 6
     assert [r["faults"] for r in recorder.records if r["kind"] == "steps"] == [40, 1000]
     folder = tmp_path / "measurements"

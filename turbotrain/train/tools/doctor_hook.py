@@ -211,10 +211,6 @@ class StepClock:
         if self.steps is None or self.timed_steps >= self.steps:
             self._maybe_finish()
 
-    def end_step(self, optimizer) -> None:
-        """A step of `optimizer` ends (its post hook, without the optimizer's own timing)."""
-        self.optimizer_post(optimizer, (), {})
-
     def write_step_rows(self) -> None:
         if self.step_rows:
             faults = _minor_faults()
