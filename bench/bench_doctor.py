@@ -221,7 +221,7 @@ def overhead(args: argparse.Namespace, case: dict, work: Path) -> dict:
         blocks = hooked.get("hook_ab") or {}
         ratios += neighbour_ratios(blocks.get("on", []), blocks.get("off", []))
         print(f"  overhead round {round_ + 1}: without the doctor {without[-1]}, under it "
-              f"{with_hook[-1]} images/s; {len(ratios)} block pairs so far", flush=True)
+              f"{with_hook[-1]} images/s; {len(ratios)} on/off ratios so far", flush=True)
     if not ratios:
         return {"case": case["name"], "error": "no run finished"}
     cost = statistics.median(ratios) - 1
@@ -320,10 +320,10 @@ def markdown(result: dict) -> str:
                           f"`{c.get('expected')}`",
                           c.get("top") or c.get("skipped") or c.get("error"),
                           common.times(c.get("predicted")), common.times(c.get("measured")),
-                          None if c.get("error_pct") is None else
-                          f"{c['error_pct']:+.0f}%"]
+                          None if c.get("error_pct") is None else f"{c['error_pct']:+.0f}%"]
                          for c in result.get("cases", [])]),
-        common.md_table(["hook overhead on", "timed steps", "block pairs (on, off)", "overhead",
+        common.md_table(["hook overhead on", "timed steps", "off blocks x their on neighbours",
+                         "overhead",
                          "images/s without the doctor (best)", "under it (best)"],
                         [[h.get("case"), h.get("steps"), h.get("pairs"),
                           None if h.get("overhead_pct") is None else f"{h['overhead_pct']:.1f}%",

@@ -156,18 +156,15 @@ class StepClock:
         self.timed_steps = 0  # steps after warm-up ...
         self.timed_seconds = 0.0  # ... and their seconds
         self.step_rows: list[tuple] = []  # steps not yet written (STEP_FIELDS)
-        self.faults_at = None  # _minor_faults() when the rows now waiting began
+        self.faults_at = 0  # _minor_faults() when the rows now waiting began (first step's end)
         self.tensor_type = None  # torch.Tensor, once torch is imported (doctor_patches)
 
     # -- booking
-    def nested(self) -> float:
-        return self.sums["wait"] + self.sums["copy"] + self.sums["fwd"] + self.sums["bwd"]
-
     def optimizer_pre(self, optimizer, args, kwargs) -> None:
         """torch's optimizer step pre hook."""
         if self.active and self.clock_optimizer in (None, id(optimizer)):
             self.optim_started = _now()
-            sums = self.sums  # not self.nested(): no call of ours on a step's way (see _now)
+            sums = self.sums  # the time booked so far, summed inline: no call of ours (_now)
             self.nested_at_start = sums["wait"] + sums["copy"] + sums["fwd"] + sums["bwd"]
 
     def optimizer_post(self, optimizer, args, kwargs) -> None:
@@ -198,11 +195,11 @@ class StepClock:
             if self.step > self.warmup:
                 self.timed_steps += 1
                 self.timed_seconds += dur
+        else:  # the first step's end: the first row's start
+            self.faults_at = _minor_faults()
         if self.gpu_started is not None:
             self._gpu_mark_end()
         self.last_end = _now()
-        if self.faults_at is None:  # the first step's end: the first row's start
-            self.faults_at = _minor_faults()
         self.sums = dict.fromkeys(SUMS, 0.0)
         self.counts = dict.fromkeys(COUNTS, 0)
         self.step += 1
@@ -215,8 +212,7 @@ class StepClock:
         if self.step_rows:
             faults = _minor_faults()
             self.recorder.write({"kind": "steps", "fields": STEP_FIELDS, "rows": self.step_rows,
-                                 "faults": faults - (faults if self.faults_at is None
-                                                     else self.faults_at)})
+                                 "faults": faults - self.faults_at})
             self.faults_at = faults
             self.step_rows = []
 
