@@ -31,7 +31,7 @@ PROBE_BUDGET = 2.0  # ... or all variants' passes this long (a short base beside
 MAX_BATCH_FACTOR = 16  # a larger batch is probed at most 16x the script's ...
 MAX_PROBE_BATCH = 512  # ... and 512 samples: past that, per-step overheads are amortised
 MEMORY_SHARE = 0.5  # a batch "fits" when its activations take at most half the free memory
-# Above glibc's largest mmap threshold (32 MiB on 64-bit): each block is a fresh mapping.
+# 16,384 pages of 4 KiB: a few ms of faults, long against the clock's resolution
 FAULT_PROBE_BYTES = 64 * 2**20
 FAULT_PROBE_REPEATS = 5
 
@@ -182,27 +182,35 @@ def _batch_probe(model, x, activation_bytes: int, autocast: str | None, threads:
 
 
 def _fault_probe() -> dict:
-    """Seconds a minor page fault costs this process: a fresh block written and given back,
-    less the same writes to memory already mapped, per fault counted, at one torch thread; the
-    fastest of FAULT_PROBE_REPEATS (as the passes: a busy machine only slows it). A step's
-    faults come mostly one at a time: on the 2-core VM they cost 1.27-1.37 us each (a step's
-    time with and without them, against its fault count); this probe gives 1.43-1.5 us at one
-    thread (0.6 at two, where the writes fault in parallel)."""
+    """Seconds a minor page fault costs this process: a fresh anonymous mapping written and
+    given back, less the same writes again once mapped, per fault counted, at one torch thread;
+    the fastest of FAULT_PROBE_REPEATS (as the passes: a busy machine only slows it). A mapping
+    of its own, not a tensor from the allocator: once a process keeps freed memory (as `train`
+    makes it), a 64 MiB tensor came back already mapped, no fault was counted and the probe had
+    no answer (1 CI run of 3). A step's faults come mostly one at a time: on the 2-core VM they
+    cost 1.27-1.37 us each (a step's time with and without them, against its fault count); this
+    probe gives 1.43-1.5 us at one thread (0.6 at two, where the writes fault in parallel)."""
+    import mmap
+
     import torch
     if _minor_faults() == 0:  # not measurable on this platform
         return {}
     torch.set_num_threads(1)
-    warm = torch.ones(FAULT_PROBE_BYTES, dtype=torch.uint8)
     costs = []
     for _ in range(FAULT_PROBE_REPEATS):
+        # private, as malloc maps a large block (a shared one faulted 1.7x slower here)
+        region = mmap.mmap(-1, FAULT_PROBE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        pages = torch.frombuffer(region, dtype=torch.uint8)
         faults, started = _minor_faults(), _now()
-        fresh = torch.empty(FAULT_PROBE_BYTES, dtype=torch.uint8)
-        fresh.fill_(1)
-        del fresh
+        pages.fill_(1)
         fresh_seconds, faults = _now() - started, _minor_faults() - faults
         started = _now()
-        warm.fill_(2)
+        pages.fill_(2)
         warm_seconds = _now() - started
+        started = _now()
+        del pages  # the buffer's export, before the mapping can close
+        region.close()
+        fresh_seconds += _now() - started  # given back, as a freed block is
         if faults > 0:
             costs.append(max(0.0, fresh_seconds - warm_seconds) / faults)
     return {"fault_seconds": min(costs)} if costs else {}
